@@ -1,0 +1,40 @@
+"""vllite: a small, plugin-centric LLM inference engine in the style of vLLM V1.
+
+``import vllite`` stays light (no torch): the public names are loaded on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from vllite.version import __version__
+
+if TYPE_CHECKING:
+    from vllite.config import EngineArgs
+    from vllite.engine.llm import LLM
+    from vllite.hookspecs import hookimpl
+    from vllite.outputs import CompletionOutput, RequestOutput
+    from vllite.sampling_params import RequestOutputKind, SamplingParams
+
+_LAZY = {
+    "LLM": "vllite.engine.llm",
+    "AsyncLLM": "vllite.plugins.engine_proc.async_llm",
+    "SamplingParams": "vllite.sampling_params",
+    "RequestOutputKind": "vllite.sampling_params",
+    "RequestOutput": "vllite.outputs",
+    "CompletionOutput": "vllite.outputs",
+    "EngineArgs": "vllite.config",
+    "hookimpl": "vllite.hookspecs",
+}
+
+__all__ = [*_LAZY, "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'vllite' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

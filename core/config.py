@@ -1,0 +1,287 @@
+"""Engine configuration: ``EngineArgs`` (what users type) → ``EngineConfig`` (what the engine parts read).
+
+``EngineConfig`` exposes the attribute paths vLLM plugins read from ``VllmConfig``
+(``model_config.max_model_len``, ``cache_config.block_size``, ``scheduler_config.max_num_seqs`` ...), and is
+also importable as ``VllmConfig``. One argument parser, built from the ``EngineArgs`` fields, serves both the
+CLI and ``EngineArgs.from_cli_args``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+HASH_ALGOS = ("sha256", "fast")
+SCHEDULING_POLICIES = ("fcfs", "priority")
+
+
+@dataclass
+class ModelConfig:
+    """Which model, in which precision, with how long a context."""
+
+    model: str | None = None
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    seed: int = 0
+    trust_remote_code: bool = False
+    skip_tokenizer_init: bool = False
+    # Filled in by the executor once the model is loaded (transformers' PretrainedConfig).
+    hf_config: Any = None
+
+    @property
+    def hf_text_config(self) -> Any:
+        return getattr(self.hf_config, "text_config", None) or self.hf_config
+
+
+@dataclass
+class CacheConfig:
+    """The paged KV cache: block size, prefix caching, and how much memory it may take."""
+
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    prefix_caching_hash_algo: str = "sha256"
+    num_gpu_blocks: int | None = None  # the block count actually allocated (set at start-up)
+    num_gpu_blocks_override: int | None = None
+    gpu_memory_utilization: float = 0.9
+    cpu_kvcache_space_gib: float | None = None  # default: VLLITE_CPU_KVCACHE_SPACE or 4 GiB
+    kv_cache_dtype: str = "auto"
+
+
+@dataclass
+class SchedulerConfig:
+    """The token-budget scheduler: budgets, chunked prefill and the policy plugin to use."""
+
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int | None = None  # default: 2048, or max_model_len without chunked prefill
+    max_model_len: int = 0  # mirrors model_config.max_model_len once it is known
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    scheduler_cls: str | None = None  # registered name or class path; None = scheduling_policy
+    scheduling_policy: str = "fcfs"
+    num_lookahead_tokens: int = 0
+    batch_queue_depth: int = 1
+    tool_call_estimator: str = "utility"
+    policy_args: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def scheduler_name(self) -> str:
+        return self.scheduler_cls or self.scheduling_policy
+
+
+@dataclass
+class DeviceConfig:
+    """Where the model runs: ``auto`` picks CUDA when available, else the CPU."""
+
+    device: str = "auto"
+
+    @property
+    def device_type(self) -> str:
+        if self.device != "auto":
+            return self.device
+        from vllite.platform import cuda_available
+
+        return "cuda" if cuda_available() else "cpu"
+
+
+@dataclass
+class ObservabilityConfig:
+    """Stats and tracing switches."""
+
+    log_stats: bool = False
+
+
+@dataclass
+class EngineConfig:
+    """Everything the engine parts read, grouped as in vLLM's ``VllmConfig``."""
+
+    model_config: ModelConfig = field(default_factory=ModelConfig)
+    cache_config: CacheConfig = field(default_factory=CacheConfig)
+    scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    device_config: DeviceConfig = field(default_factory=DeviceConfig)
+    observability_config: ObservabilityConfig = field(default_factory=ObservabilityConfig)
+    executor: str = "default"
+    logits_processors: list[Any] = field(default_factory=list)
+    # Free-form settings for plugins, keyed by plugin name.
+    plugin_config: dict[str, Any] = field(default_factory=dict)
+
+    def set_max_model_len(self, max_model_len: int) -> None:
+        """Fixes the context length everywhere it is read, and the token budget that depends on it."""
+        self.model_config.max_model_len = max_model_len
+        sched = self.scheduler_config
+        sched.max_model_len = max_model_len
+        if sched.max_num_batched_tokens is None:
+            sched.max_num_batched_tokens = 2048 if sched.enable_chunked_prefill else max(2048, max_model_len)
+        if not sched.enable_chunked_prefill and sched.max_num_batched_tokens < max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens ({sched.max_num_batched_tokens}) is smaller than max_model_len "
+                f"({max_model_len}) with chunked prefill disabled, so long prompts could never be scheduled. "
+                "Raise --max-num-batched-tokens, lower --max-model-len, or enable chunked prefill."
+            )
+
+
+VllmConfig = EngineConfig
+
+
+def _help(text: str, **extra: Any) -> dict[str, Any]:
+    return {"help": text, **extra}
+
+
+@dataclass
+class EngineArgs:
+    """Engine arguments with vLLM's names; ``create_engine_config()`` validates and groups them."""
+
+    model: str | None = field(default=None, metadata=_help("Path to a local model folder (default: the demo model)."))
+    tokenizer: str | None = field(default=None, metadata=_help("Tokenizer folder (default: the model folder)."))
+    dtype: str = field(default="auto", metadata=_help("Model dtype.", choices=DTYPES))
+    max_model_len: int | None = field(default=None, metadata=_help("Context length (default: the model's)."))
+    seed: int = field(default=0, metadata=_help("Seed for sampling without a per-request seed."))
+    trust_remote_code: bool = field(default=False, metadata=_help("Allow model code from the model folder."))
+    skip_tokenizer_init: bool = field(default=False, metadata=_help("Token ids in and out; no tokenizer."))
+    block_size: int = field(default=16, metadata=_help("Tokens per KV-cache block."))
+    enable_prefix_caching: bool = field(default=True, metadata=_help("Reuse KV blocks of shared prefixes."))
+    prefix_caching_hash_algo: str = field(
+        default="sha256", metadata=_help("Block hash: sha256 (collision-resistant) or fast.", choices=HASH_ALGOS)
+    )
+    num_gpu_blocks_override: int | None = field(default=None, metadata=_help("Use exactly this many KV blocks."))
+    gpu_memory_utilization: float = field(default=0.9, metadata=_help("Fraction of GPU memory for the engine."))
+    cpu_kvcache_space: float | None = field(
+        default=None, metadata=_help("KV-cache GiB on the CPU (default: $VLLITE_CPU_KVCACHE_SPACE or 4).")
+    )
+    max_num_seqs: int = field(default=128, metadata=_help("Most requests running at once."))
+    max_num_batched_tokens: int | None = field(default=None, metadata=_help("Token budget per step."))
+    enable_chunked_prefill: bool = field(default=True, metadata=_help("Split long prompts across steps."))
+    long_prefill_token_threshold: int = field(default=0, metadata=_help("Cap on one prompt's tokens per step."))
+    scheduler_cls: str | None = field(
+        default=None, metadata=_help("Scheduler: a registered name (fcfs, priority, ...) or pkg.mod:Class.")
+    )
+    scheduling_policy: str = field(
+        default="fcfs", metadata=_help("Scheduling policy when --scheduler-cls is not given.")
+    )
+    tool_call_estimator: str = field(default="utility", metadata=_help("Tool-call estimator (continuum)."))
+    batch_queue_depth: int = field(default=1, metadata=_help("Batches in flight (pipelined step if > 1)."))
+    logits_processors: list[Any] | None = field(
+        default=None, metadata=_help("Extra logits processors as class paths.", nargs="*")
+    )
+    device: str = field(default="auto", metadata=_help("Device: auto, cpu, cuda, or a registered executor's."))
+    executor: str = field(default="default", metadata=_help("Executor plugin name."))
+    disable_log_stats: bool = field(default=True, metadata=_help("Do not collect per-step stats."))
+    plugin_config: dict[str, Any] = field(default_factory=dict, metadata={"cli": False})
+
+    # ------------------------------------------------------------------ CLI
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        group = parser.add_argument_group("engine")
+        for f in dataclasses.fields(cls):
+            if f.metadata.get("cli", True) is False:
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            kwargs: dict[str, Any] = {"dest": f.name, "default": f.default, "help": f.metadata.get("help")}
+            if "choices" in f.metadata:
+                kwargs["choices"] = f.metadata["choices"]
+            if f.type in ("bool",):
+                kwargs["action"] = argparse.BooleanOptionalAction
+            elif "nargs" in f.metadata:
+                kwargs["nargs"] = f.metadata["nargs"]
+            else:
+                kwargs["type"] = _cli_type(f.type)
+            group.add_argument(flag, **kwargs)
+        return parser
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in vars(args).items() if k in names})
+
+    # ------------------------------------------------------------------ config
+    def create_engine_config(self) -> EngineConfig:
+        """Validates the arguments and groups them; raises ``ValueError`` naming the bad argument."""
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}.")
+        if self.prefix_caching_hash_algo not in HASH_ALGOS:
+            raise ValueError(
+                f"prefix_caching_hash_algo must be one of {', '.join(HASH_ALGOS)}, "
+                f"got {self.prefix_caching_hash_algo!r}."
+            )
+        _positive("block_size", self.block_size)
+        _positive("max_num_seqs", self.max_num_seqs)
+        if self.max_num_batched_tokens is not None:
+            _positive("max_num_batched_tokens", self.max_num_batched_tokens)
+        if self.max_model_len is not None:
+            _positive("max_model_len", self.max_model_len)
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError(f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}.")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(
+                f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, got {self.scheduling_policy!r}."
+            )
+        _positive("batch_queue_depth", self.batch_queue_depth)
+        cpu_space = self.cpu_kvcache_space
+        if cpu_space is None:
+            cpu_space = float(os.environ.get("VLLITE_CPU_KVCACHE_SPACE", "4"))
+        if cpu_space <= 0:
+            raise ValueError(f"cpu_kvcache_space (VLLITE_CPU_KVCACHE_SPACE) must be > 0 GiB, got {cpu_space}.")
+
+        from vllite.assets import default_model_path
+
+        model = self.model or default_model_path()
+        config = EngineConfig(
+            model_config=ModelConfig(
+                model=model,
+                tokenizer=self.tokenizer or model,
+                dtype=self.dtype,
+                max_model_len=self.max_model_len,
+                seed=self.seed,
+                trust_remote_code=self.trust_remote_code,
+                skip_tokenizer_init=self.skip_tokenizer_init,
+            ),
+            cache_config=CacheConfig(
+                block_size=self.block_size,
+                enable_prefix_caching=self.enable_prefix_caching,
+                prefix_caching_hash_algo=self.prefix_caching_hash_algo,
+                num_gpu_blocks_override=self.num_gpu_blocks_override,
+                gpu_memory_utilization=self.gpu_memory_utilization,
+                cpu_kvcache_space_gib=cpu_space,
+            ),
+            scheduler_config=SchedulerConfig(
+                max_num_seqs=self.max_num_seqs,
+                max_num_batched_tokens=self.max_num_batched_tokens,
+                enable_chunked_prefill=self.enable_chunked_prefill,
+                long_prefill_token_threshold=self.long_prefill_token_threshold,
+                scheduler_cls=self.scheduler_cls,
+                scheduling_policy=self.scheduling_policy,
+                batch_queue_depth=self.batch_queue_depth,
+                tool_call_estimator=self.tool_call_estimator,
+            ),
+            device_config=DeviceConfig(device=self.device),
+            observability_config=ObservabilityConfig(log_stats=not self.disable_log_stats),
+            executor=self.executor,
+            logits_processors=list(self.logits_processors or []),
+            plugin_config=dict(self.plugin_config),
+        )
+        if self.max_model_len is not None:
+            config.set_max_model_len(self.max_model_len)
+        return config
+
+
+def _positive(name: str, value: int) -> None:
+    if not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+
+
+def _cli_type(annotation: Any) -> Any:
+    text = str(annotation)
+    if text.startswith("int"):
+        return int
+    if text.startswith("float"):
+        return float
+    return str
+
+
+

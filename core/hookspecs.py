@@ -1,0 +1,142 @@
+"""The hook specifications: the whole contract between vllite and its plugins.
+
+Components are contributed by *register-callback* hooks: vllite calls ``vllite_register_X(register)`` once at
+start-up, and the plugin calls ``register(name, obj)`` for each component it provides. The plugin manager turns
+the results into plain ``name -> class`` registries, so no pluggy call happens per token or per request. The
+only hook called while the engine runs is :func:`vllite_step_observer`, at most once per engine step.
+
+Write a plugin with the ``hookimpl`` marker::
+
+    from vllite import hookimpl
+
+    @hookimpl
+    def vllite_register_schedulers(register):
+        register("my-policy", MySchedulerClass)
+
+and expose the module under the ``vllite`` entry-point group of your distribution.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pluggy
+
+PROJECT_NAME = "vllite"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+# The callback handed to every register hook: register(name, component).
+Register = Callable[[str, Any], None]
+
+
+@hookspec
+def vllite_register_schedulers(register: Register) -> None:
+    """Contribute scheduler classes, selectable with ``--scheduler-cls NAME``.
+
+    When: once, when the plugin manager builds the ``schedulers`` registry (engine-core start-up, in every
+    process that builds an engine core).
+    Receives: ``register(name, cls)``; ``cls`` is a ``vllite.sched.SchedulerInterface`` implementation,
+    usually a subclass of ``vllite.sched.Scheduler`` overriding a few policy methods.
+    Returns: nothing. Not firstresult: every plugin is called. A name registered twice is an error naming both.
+    Hot path: no; called once per process.
+    """
+
+
+@hookspec
+def vllite_register_logits_processors(register: Register) -> None:
+    """Contribute logits-processor classes that are loaded for every engine.
+
+    When: once, when the engine's logits processors are built (executor start-up).
+    Receives: ``register(name, cls)``; ``cls`` follows ``vllite.logits_processor.LogitsProcessor`` (or vLLM's
+    newer slot-based interface, which is adapted).
+    Returns: nothing. Not firstresult. Builtins (min-p, logit bias, min tokens, thinking budget) come first.
+    Hot path: no; the processors' own ``apply`` runs per step, the hook does not.
+    """
+
+
+@hookspec
+def vllite_register_executors(register: Register) -> None:
+    """Contribute executor classes (what runs the model), selectable with ``--executor NAME`` or ``--device``.
+
+    When: once, at engine-core start-up.
+    Receives: ``register(name, cls)``; ``cls`` implements ``vllite.executor.Executor``.
+    Returns: nothing. Not firstresult. Hot path: no.
+    """
+
+
+@hookspec
+def vllite_register_engine_clients(register: Register) -> None:
+    """Contribute engine-client classes: how the frontend reaches the engine core (in-process, ZMQ, ...).
+
+    When: once, when an ``LLM``/``LLMEngine``/``AsyncLLM`` is created.
+    Receives: ``register(name, cls)``; ``cls`` implements ``vllite.engine.core_client.EngineCoreClient``.
+    Returns: nothing. Not firstresult. Hot path: no.
+    """
+
+
+@hookspec
+def vllite_register_kv_connectors(register: Register) -> None:
+    """Contribute KV connectors (moving KV blocks to and from outside the engine).
+
+    When: once, at engine-core start-up, if a connector is configured.
+    Receives: ``register(name, cls)``. Returns: nothing. Not firstresult. Hot path: no.
+    """
+
+
+@hookspec
+def vllite_register_tool_call_estimators(register: Register) -> None:
+    """Contribute tool-call estimators for the Continuum scheduler (``--tool-call-estimator NAME``).
+
+    When: once, when a scheduler that pins KV across tool calls is built.
+    Receives: ``register(name, cls)``; ``cls(config)`` has ``request_arrives(request, now)``,
+    ``request_finished(request, now)`` and ``set_up_pin(request, now) -> float`` (the TTL in seconds, 0 = no pin).
+    Returns: nothing. Not firstresult. Hot path: no (the estimator's methods run per request, not the hook).
+    """
+
+
+@hookspec
+def vllite_register_tool_parsers(register: Register) -> None:
+    """Contribute tool-call parsers: given a finished turn's text, name the tool it calls.
+
+    When: once, when a scheduler or server needs tool parsing.
+    Receives: ``register(name, cls)``; ``cls().parse(text) -> str | None``.
+    Returns: nothing. Not firstresult. Hot path: no.
+    """
+
+
+@hookspec
+def vllite_register_models(register: Register) -> None:
+    """Contribute model classes for architectures transformers lacks.
+
+    When: once, when the executor loads a model.
+    Receives: ``register(architecture, cls)``; ``architecture`` matches ``config.json``'s ``architectures`` entry
+    and ``cls`` has transformers' ``from_pretrained``/``forward`` contract.
+    Returns: nothing. Not firstresult. Hot path: no.
+    """
+
+
+@hookspec
+def vllite_register_commands(register: Register) -> None:
+    """Contribute ``vllite`` CLI subcommands.
+
+    When: once, when the ``vllite`` command builds its argument parser.
+    Receives: ``register(name, command)``; ``command`` has ``help: str``, ``add_arguments(parser)`` and
+    ``run(args) -> int | None``.
+    Returns: nothing. Not firstresult. Hot path: no.
+    """
+
+
+@hookspec
+def vllite_step_observer(step: dict[str, Any]) -> None:
+    """Observe one engine step (tracing, metrics).
+
+    When: after each engine step's scheduling decision, only if at least one plugin implements this hook
+    (otherwise the engine never builds the ``step`` record, so it costs nothing).
+    Receives: a dict with ``step`` (counter), ``time``, ``num_waiting``, ``num_running``, ``free_blocks``,
+    ``cached_blocks``, ``new``/``resumed``/``running``/``preempted`` (request id -> scheduled tokens) and
+    ``prefix_hits`` (request id -> cached tokens on admission).
+    Returns: nothing. Not firstresult. Hot path: once per step, never per token or per request.
+    """

@@ -1,0 +1,180 @@
+"""The wire protocol between the frontend and the engine core: msgspec Structs and enums.
+
+The hot-path Structs are ``array_like`` (positional msgpack arrays), so **field order is the wire format**:
+append new fields at the end, with defaults, and old peers keep decoding. Tensors (prompt logprobs) travel as
+raw buffers through ``vllite.serial``; nothing here is ever pickled.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from typing import Any
+
+import msgspec
+
+from vllite.sampling_params import SamplingParams
+
+FINISH_REASON_STRINGS = ("stop", "length", "abort", "error", "repetition")
+
+
+class FinishReason(enum.IntEnum):
+    """Why a request finished. An IntEnum so it costs one byte on the wire; ``str()`` gives the API string."""
+
+    STOP = 0  # a stop token or stop string
+    LENGTH = 1  # max_tokens or max_model_len reached
+    ABORT = 2  # aborted by the client
+    ERROR = 3  # request-level internal error
+    REPETITION = 4  # repetitive pattern detected
+
+    def __str__(self) -> str:
+        return FINISH_REASON_STRINGS[self.value]
+
+
+class EngineCoreRequestType(enum.Enum):
+    """The first frame of every client → engine message: one raw byte, used directly as the type id."""
+
+    ADD = b"\x00"
+    ABORT = b"\x01"
+    START_DP_WAVE = b"\x02"
+    UTILITY = b"\x03"
+    EXECUTOR_FAILED = b"\x04"
+    WAKEUP = b"\x05"
+
+
+class EngineCoreEventType(enum.IntEnum):
+    """Lifecycle events recorded per request when stats are on."""
+
+    QUEUED = 1
+    SCHEDULED = 2
+    PREEMPTED = 3
+
+
+class EngineCoreEvent(msgspec.Struct):
+    """A timestamped lifecycle event of one request. Monotonic time: valid only inside one process."""
+
+    type: EngineCoreEventType
+    timestamp: float
+
+    @classmethod
+    def new_event(cls, event_type: EngineCoreEventType, timestamp: float | None = None) -> EngineCoreEvent:
+        return cls(event_type, time.monotonic() if timestamp is None else timestamp)
+
+
+class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):  # type: ignore[call-arg]
+    """A tokenized, validated request as the engine core receives it."""
+
+    request_id: str
+    prompt_token_ids: list[int] | None
+    sampling_params: SamplingParams | None
+    eos_token_id: int | None
+    arrival_time: float
+    lora_name: str | None = None
+    cache_salt: str | None = None
+    client_index: int = 0
+    priority: int = 0
+    trace_headers: dict[str, str] | None = None
+    external_req_id: str | None = None
+
+    @property
+    def params(self) -> SamplingParams:
+        assert self.sampling_params is not None
+        return self.sampling_params
+
+
+class LogprobsLists(msgspec.Struct, array_like=True, gc=False):  # type: ignore[call-arg]
+    """Sample logprobs of the new tokens of one step, one row per token.
+
+    Row ``i`` holds the sampled token first, then the top-N tokens: ``logprob_token_ids[i]``, their
+    ``logprobs[i]``, and ``sampled_token_ranks[i]`` (1 = most likely) of the sampled token.
+    """
+
+    logprob_token_ids: list[list[int]]
+    logprobs: list[list[float]]
+    sampled_token_ranks: list[int]
+
+
+class LogprobsTensors(msgspec.Struct, array_like=True, gc=False):  # type: ignore[call-arg]
+    """Prompt logprobs of a prefill chunk as tensors (``[num_positions, N + 1]``); carried as raw buffers."""
+
+    logprob_token_ids: Any
+    logprobs: Any
+    selected_token_ranks: Any
+
+
+class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):  # type: ignore[call-arg]
+    """One step's scheduler figures, for logging and the stats observer."""
+
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
+    kv_cache_usage: float = 0.0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_preemptions: int = 0
+    step_counter: int = 0
+
+
+class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):  # type: ignore[call-arg]
+    """One request's output for one step."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: LogprobsLists | None = None
+    new_prompt_logprobs_tensors: LogprobsTensors | None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    events: list[EngineCoreEvent] | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+    num_cached_tokens: int = 0
+    num_nans_in_logits: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class UtilityResult(msgspec.Struct, array_like=True, gc=False):  # type: ignore[call-arg]
+    """Wraps a utility call's return value so any msgpack-encodable result can travel."""
+
+    result: Any = None
+
+
+class UtilityOutput(msgspec.Struct, array_like=True, gc=False):  # type: ignore[call-arg]
+    """The answer to one utility call: a result, or a failure message; never both."""
+
+    call_id: int
+    failure_message: str | None = None
+    result: UtilityResult | None = None
+
+
+class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):  # type: ignore[call-arg]
+    """All outputs of one step for one client, plus utility answers and finished-request notices."""
+
+    engine_index: int = 0
+    outputs: list[EngineCoreOutput] = msgspec.field(default_factory=list)
+    scheduler_stats: SchedulerStats | None = None
+    timestamp: float = 0.0
+    utility_output: UtilityOutput | None = None
+    finished_requests: set[str] | None = None
+    wave_complete: int | None = None
+    start_wave: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.timestamp == 0.0:
+            self.timestamp = time.monotonic()
+
+
+class EngineCoreReadyResponse(msgspec.Struct):
+    """Sent once by the engine core at the end of start-up: the values that may differ from the request."""
+
+    max_model_len: int
+    num_gpu_blocks: int
+    dp_stats_address: str | None = None
+
+
+class EngineShutdownState(enum.IntEnum):
+    """RUNNING → (signal) REQUESTED → (draining) SHUTTING_DOWN → exit."""
+
+    RUNNING = 0
+    REQUESTED = 1
+    SHUTTING_DOWN = 2

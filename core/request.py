@@ -1,0 +1,192 @@
+"""``Request``: the scheduler's view of one request, built from an ``EngineCoreRequest``.
+
+It holds the token streams (prompt, verified output, unverified draft tokens), the progress counters the
+scheduler works with (``num_computed_tokens`` above all) and the chained block hashes the prefix cache looks up.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vllite.protocol import EngineCoreEvent, EngineCoreRequest, FinishReason
+    from vllite.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    """Where a request is in its life. Everything after ``PREEMPTED`` counts as finished."""
+
+    WAITING = enum.auto()
+    WAITING_FOR_REMOTE_KVS = enum.auto()
+    RUNNING = enum.auto()
+    PREEMPTED = enum.auto()
+    # Finished states, in this order:
+    FINISHED_STOPPED = enum.auto()
+    FINISHED_LENGTH_CAPPED = enum.auto()
+    FINISHED_ABORTED = enum.auto()
+    FINISHED_IGNORED = enum.auto()
+    FINISHED_ERROR = enum.auto()
+
+    def __str__(self) -> str:
+        return self.name
+
+    @staticmethod
+    def is_finished(status: RequestStatus) -> bool:
+        return status > RequestStatus.PREEMPTED
+
+    @staticmethod
+    def get_finished_reason(status: RequestStatus) -> FinishReason | None:
+        from vllite.protocol import FinishReason
+
+        return {
+            RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
+            RequestStatus.FINISHED_LENGTH_CAPPED: FinishReason.LENGTH,
+            RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
+            RequestStatus.FINISHED_IGNORED: FinishReason.LENGTH,
+            RequestStatus.FINISHED_ERROR: FinishReason.ERROR,
+        }.get(status)
+
+
+BlockHasher = Callable[["Request"], list[bytes]]
+
+
+class Request:
+    """One request inside the engine core.
+
+    ``block_hasher`` (from ``vllite.kv_cache``) is called whenever tokens are appended; it returns the hashes of
+    blocks that became full, so every full block is hashed exactly once.
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        eos_token_id: int | None = None,
+        arrival_time: float = 0.0,
+        *,
+        client_index: int = 0,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        lora_name: str | None = None,
+        block_hasher: BlockHasher | None = None,
+        trace_headers: dict[str, str] | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.client_index = client_index
+        self.priority = priority
+        self.arrival_time = arrival_time
+        self.sampling_params = sampling_params
+        self.eos_token_id = eos_token_id
+        self.cache_salt = cache_salt
+        self.lora_name = lora_name
+        self.trace_headers = trace_headers
+
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(self.prompt_token_ids)
+        self._output_token_ids: list[int] = []
+        self._all_token_ids: list[int] = list(self.prompt_token_ids)
+        self.spec_token_ids: list[int] = []
+        self.max_tokens: int = sampling_params.max_tokens if sampling_params.max_tokens is not None else 1 << 62
+
+        self.status = RequestStatus.WAITING
+        self.stop_reason: int | str | None = None
+        self.events: list[EngineCoreEvent] = []
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = -1
+        self.num_preemptions = 0
+        self.is_prefill_chunk = False
+        # Free-form per-request state for scheduler policies (e.g. Continuum's job id); never sent anywhere.
+        self.extra: dict[str, Any] = {}
+
+        self.block_hashes: list[bytes] = []
+        self._block_hasher = block_hasher
+        self.update_block_hashes()
+
+    @classmethod
+    def from_engine_core_request(
+        cls, request: EngineCoreRequest, block_hasher: BlockHasher | None = None
+    ) -> Request:
+        if request.sampling_params is None:
+            raise ValueError(f"Request {request.request_id!r} has no sampling_params.")
+        return cls(
+            request_id=request.request_id,
+            prompt_token_ids=request.prompt_token_ids or [],
+            sampling_params=request.sampling_params,
+            eos_token_id=request.eos_token_id,
+            arrival_time=request.arrival_time,
+            client_index=request.client_index,
+            priority=request.priority,
+            cache_salt=request.cache_salt,
+            lora_name=request.lora_name,
+            block_hasher=block_hasher,
+            trace_headers=request.trace_headers,
+        )
+
+    # ------------------------------------------------------------------ token streams
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self._output_token_ids
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self._all_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self._all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self._output_token_ids)
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        return len(self._all_token_ids) + len(self.spec_token_ids)
+
+    def append_output_token_ids(self, token_ids: int | list[int]) -> None:
+        if isinstance(token_ids, int):
+            token_ids = [token_ids]
+        self._output_token_ids.extend(token_ids)
+        self._all_token_ids.extend(token_ids)
+        self.update_block_hashes()
+
+    def update_block_hashes(self) -> None:
+        if self._block_hasher is not None:
+            self.block_hashes.extend(self._block_hasher(self))
+
+    # ------------------------------------------------------------------ lifecycle
+    def is_finished(self) -> bool:
+        return RequestStatus.is_finished(self.status)
+
+    def get_finished_reason(self) -> FinishReason | None:
+        return RequestStatus.get_finished_reason(self.status)
+
+    def record_event(self, event_type: Any, timestamp: float | None = None) -> None:
+        from vllite.protocol import EngineCoreEvent
+
+        self.events.append(EngineCoreEvent.new_event(event_type, timestamp))
+
+    def take_events(self) -> list[EngineCoreEvent] | None:
+        if not self.events:
+            return None
+        events, self.events = self.events, []
+        return events
+
+    def __lt__(self, other: Request) -> bool:
+        """Heap order for priority scheduling: lower priority value first, then arrival, then id."""
+        if self.priority != other.priority:
+            return self.priority < other.priority
+        if self.arrival_time != other.arrival_time:
+            return self.arrival_time < other.arrival_time
+        if self.request_id != other.request_id:
+            return self.request_id < other.request_id
+        return id(self) < id(other)
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, status={self.status.name}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens})"
+        )

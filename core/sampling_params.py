@@ -1,0 +1,191 @@
+"""``SamplingParams``: how one request is sampled, validated the moment it is built.
+
+A ``msgspec.Struct`` so it travels inside ``EngineCoreRequest`` over the wire without pickle. Field names and
+defaults follow vLLM, so code written for vLLM's ``SamplingParams`` runs unchanged. Every invalid value raises
+``ValueError`` naming the field and the allowed range, both on construction and when decoded from the wire.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import math
+from typing import Any
+
+import msgspec
+
+_SAMPLING_EPS = 1e-5
+_MAX_LOGIT_BIAS = 100.0
+
+
+class RequestOutputKind(enum.IntEnum):
+    """What each ``RequestOutput`` of a streaming request carries."""
+
+    CUMULATIVE = 0  # the whole output so far, every time
+    DELTA = 1  # only what is new since the last output
+    FINAL_ONLY = 2  # nothing until the request finishes
+
+
+class SamplingType(enum.IntEnum):
+    """How the sampler treats a request: argmax, random, or random from its own seeded generator."""
+
+    GREEDY = 0
+    RANDOM = 1
+    RANDOM_SEED = 2
+
+
+class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):  # type: ignore[call-arg]
+    """Sampling parameters of one request (vLLM-compatible names and defaults).
+
+    ``temperature=0`` means greedy. ``top_k`` of 0 or -1 disables top-k. ``max_tokens=None`` lets the request run
+    to ``max_model_len``. Per-request arguments for logits processors go in ``extra_args``.
+    """
+
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    detokenize: bool = True
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    truncate_prompt_tokens: int | None = None
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    extra_args: dict[str, Any] | None = None
+    # Filled by the engine (eos and generation-config stop ids); part of the wire format on purpose.
+    all_stop_token_ids: list[int] = msgspec.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        elif self.stop is None:
+            self.stop = []
+        if self.stop_token_ids is None:
+            self.stop_token_ids = []
+        if self.logit_bias is not None:
+            self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+        self._verify()
+        for token_id in self.stop_token_ids:
+            if token_id not in self.all_stop_token_ids:
+                self.all_stop_token_ids.append(token_id)
+
+    # ------------------------------------------------------------------ validation
+    def _verify(self) -> None:
+        def bad(field: str, allowed: str) -> ValueError:
+            return ValueError(f"SamplingParams.{field} must be {allowed}, got {getattr(self, field)!r}.")
+
+        if not _is_int(self.n) or self.n < 1:
+            raise bad("n", "an integer >= 1")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_real(value) or not -2.0 <= value <= 2.0:
+                raise bad(name, "a number in [-2, 2]")
+        if not _is_real(self.repetition_penalty) or not 0.0 < self.repetition_penalty <= 10.0:
+            raise bad("repetition_penalty", "a number in (0, 10]")
+        if not _is_real(self.temperature) or not 0.0 <= self.temperature <= 1e4:
+            raise bad("temperature", "a finite number >= 0 (0 means greedy)")
+        if not _is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:
+            raise bad("top_p", "a number in (0, 1]")
+        if not _is_int(self.top_k) or self.top_k < -1:
+            raise bad("top_k", "an integer >= 1, or 0 / -1 to disable top-k")
+        if not _is_real(self.min_p) or not 0.0 <= self.min_p <= 1.0:
+            raise bad("min_p", "a number in [0, 1]")
+        if self.seed is not None and not _is_int(self.seed):
+            raise bad("seed", "an integer or None")
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
+            raise bad("max_tokens", "an integer >= 1, or None for 'up to max_model_len'")
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+            raise bad("min_tokens", "an integer >= 0")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"SamplingParams.min_tokens must be <= max_tokens={self.max_tokens}, got {self.min_tokens}."
+            )
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or value < -1):
+                raise bad(name, "None, -1 (the whole vocabulary) or an integer >= 0")
+        if not all(isinstance(s, str) and s for s in self.stop):
+            raise bad("stop", "a non-empty string or a list of non-empty strings")
+        if not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
+            raise bad("stop_token_ids", "a list of token ids (integers >= 0)")
+        if self.truncate_prompt_tokens is not None and (
+            not _is_int(self.truncate_prompt_tokens)
+            or (self.truncate_prompt_tokens < 1 and self.truncate_prompt_tokens != -1)
+        ):
+            raise bad("truncate_prompt_tokens", "None, -1 (truncate to max_model_len) or an integer >= 1")
+        if self.logit_bias:
+            for token_id, bias in self.logit_bias.items():
+                if token_id < 0:
+                    raise ValueError(f"SamplingParams.logit_bias keys must be token ids >= 0, got {token_id}.")
+                if not math.isfinite(bias) or abs(bias) > _MAX_LOGIT_BIAS:
+                    raise ValueError(
+                        f"SamplingParams.logit_bias values must be in [-100, 100], got {bias} for token {token_id}."
+                    )
+        if self.allowed_token_ids is not None and (
+            not self.allowed_token_ids or not all(_is_int(t) and t >= 0 for t in self.allowed_token_ids)
+        ):
+            raise bad("allowed_token_ids", "None or a non-empty list of token ids (integers >= 0)")
+        if self.extra_args is not None and not isinstance(self.extra_args, dict):
+            raise bad("extra_args", "None or a dict")
+        for name in ("ignore_eos", "detokenize", "skip_special_tokens", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise bad(name, "True or False")
+        if not isinstance(self.output_kind, RequestOutputKind):
+            raise bad("output_kind", "a RequestOutputKind")
+        if self.stop and not self.detokenize:
+            raise ValueError("SamplingParams.stop strings need detokenize=True (stop strings match decoded text).")
+
+    # ------------------------------------------------------------------ derived values
+    @property
+    def sampling_type(self) -> SamplingType:
+        if self.temperature < _SAMPLING_EPS:
+            return SamplingType.GREEDY
+        return SamplingType.RANDOM if self.seed is None else SamplingType.RANDOM_SEED
+
+    @property
+    def output_text_buffer_length(self) -> int:
+        """Characters held back from streamed text so a partially matched stop string is never shown."""
+        if not self.stop or self.include_stop_str_in_output:
+            return 0
+        return max(len(s) for s in self.stop) - 1
+
+    def clone(self) -> SamplingParams:
+        """A deep copy, so the engine can fill in defaults without touching the user's object."""
+        return copy.deepcopy(self)
+
+    def update_from_generation_config(
+        self, generation_config: dict[str, Any], eos_token_id: int | list[int] | None = None
+    ) -> None:
+        """Adds the model's extra EOS ids (from generation_config.json) as stop tokens, unless ``ignore_eos``."""
+        if self.ignore_eos:
+            return
+        ids = generation_config.get("eos_token_id")
+        if ids is None:
+            return
+        ids = [ids] if isinstance(ids, int) else list(ids)
+        primary = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or [])
+        for token_id in ids:
+            if token_id not in primary and token_id not in self.all_stop_token_ids:
+                self.all_stop_token_ids.append(token_id)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

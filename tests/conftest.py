@@ -1,0 +1,25 @@
+"""Shared pytest set-up: CPU-only defaults, Triton's interpreter without a GPU, and the ``cuda`` marker."""
+
+from __future__ import annotations
+
+import os
+
+# Triton kernels run through the interpreter on machines without a GPU; this must be set before triton loads.
+if not os.environ.get("CUDA_VISIBLE_DEVICES") and not os.path.exists("/dev/nvidia0"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Keep tests from loading whatever third-party plugins happen to be installed, unless a test asks.
+os.environ.setdefault("VLLITE_ENABLE_MULTIPROCESSING", "0")
+
+import pytest  # noqa: E402
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if any("cuda" in item.keywords for item in items):
+        import torch
+
+        if not torch.cuda.is_available():
+            skip = pytest.mark.skip(reason="needs a CUDA device")
+            for item in items:
+                if "cuda" in item.keywords:
+                    item.add_marker(skip)
