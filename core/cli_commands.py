@@ -1,0 +1,150 @@
+"""Builtin ``vllite`` subcommands (``plugins``, ``generate``, ``chat``), contributed through the commands hook."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from vllite.hookspecs import hookimpl
+
+
+class PluginsCommand:
+    """``vllite plugins``: every loaded plugin, its distribution, the hooks it implements and what it registers."""
+
+    help = "List loaded plugins, their hooks and the components they register."
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
+
+    def run(self, args: argparse.Namespace) -> int:
+        import json
+
+        from vllite.plugin_manager import COMPONENT_KINDS, get_plugin_manager
+
+        manager = get_plugin_manager()
+        rows: dict[str, dict[str, Any]] = {}
+        for name, plugin in manager.pm.list_name_plugin():
+            info = manager.entry_points.get(name)
+            rows[name] = {
+                "name": name,
+                "distribution": f"{info.dist_name} {info.dist_version}" if info else "vllite (builtin)",
+                "hooks": sorted(impl for impl in _hooks_of(manager.pm, plugin)),
+                "components": {},
+            }
+        for kind in COMPONENT_KINDS:
+            for component in manager.components(kind).values():
+                rows[component.plugin]["components"].setdefault(kind, []).append(component.name)
+        if args.json:
+            print(json.dumps(list(rows.values()), indent=2))
+            return 0
+        for row in rows.values():
+            print(f"{row['name']}  [{row['distribution']}]")
+            print(f"    hooks: {', '.join(row['hooks']) or '-'}")
+            for kind, names in row["components"].items():
+                print(f"    {kind}: {', '.join(sorted(names))}")
+        return 0
+
+
+def _hooks_of(pm: Any, plugin: Any) -> list[str]:
+    return [caller.name for caller in pm.get_hookcallers(plugin) or []]
+
+
+def _add_generation_arguments(parser: argparse.ArgumentParser) -> None:
+    from vllite.config import EngineArgs
+
+    parser.add_argument("--max-tokens", type=int, default=64, help="Tokens to generate per prompt.")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy.")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--sampling-seed", type=int, default=None, help="Per-request sampling seed.")
+    EngineArgs.add_cli_args(parser)
+
+
+def _make_llm(args: argparse.Namespace) -> Any:
+    from vllite.config import EngineArgs
+    from vllite.engine.llm import LLM
+
+    return LLM.from_engine_args(EngineArgs.from_cli_args(args))
+
+
+def _sampling_params(args: argparse.Namespace) -> Any:
+    from vllite.sampling_params import SamplingParams
+
+    return SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.sampling_seed,
+    )
+
+
+class GenerateCommand:
+    """``vllite generate PROMPT...``: complete prompts with a local model (the demo model by default)."""
+
+    help = "Generate completions for prompts (default model: the embedded demo model)."
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("prompts", nargs="*", help="Prompts (read from stdin, one per line, if none given).")
+        _add_generation_arguments(parser)
+
+    def run(self, args: argparse.Namespace) -> int:
+        prompts = args.prompts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+        if not prompts:
+            raise ValueError("No prompt given: pass prompts as arguments or on standard input.")
+        llm = _make_llm(args)
+        try:
+            outputs = llm.generate(prompts, _sampling_params(args), use_tqdm=len(prompts) > 1)
+            for output in outputs:
+                print(output.prompt + output.outputs[0].text)
+                if len(outputs) > 1:
+                    print("-" * 40)
+        finally:
+            llm.shutdown()
+        return 0
+
+
+class ChatCommand:
+    """``vllite chat``: an interactive chat through the model's chat template."""
+
+    help = "Chat with a local model through its chat template (one message per line; empty line or EOF ends)."
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--system", default=None, help="System prompt.")
+        parser.add_argument("--message", action="append", default=None, help="Send this message and exit.")
+        _add_generation_arguments(parser)
+
+    def run(self, args: argparse.Namespace) -> int:
+        llm = _make_llm(args)
+        messages: list[dict[str, str]] = []
+        if args.system:
+            messages.append({"role": "system", "content": args.system})
+        scripted = list(args.message or [])
+        try:
+            while True:
+                if scripted:
+                    text = scripted.pop(0)
+                elif args.message:
+                    break
+                else:
+                    try:
+                        text = input("> ")
+                    except EOFError:
+                        break
+                if not text.strip():
+                    break
+                messages.append({"role": "user", "content": text})
+                reply = llm.chat(messages, _sampling_params(args), use_tqdm=False)[0].outputs[0].text
+                print(reply)
+                messages.append({"role": "assistant", "content": reply})
+        finally:
+            llm.shutdown()
+        return 0
+
+
+@hookimpl
+def vllite_register_commands(register: Any) -> None:
+    register("plugins", PluginsCommand())
+    register("generate", GenerateCommand())
+    register("chat", ChatCommand())

@@ -1,0 +1,137 @@
+"""How the frontend reaches the engine core: the ``EngineCoreClient`` interface and the in-process client.
+
+Clients are plugins (hook ``vllite_register_engine_clients``). ``make_client`` picks the multiprocess client
+(``"mp"``, registered by ``vllite.plugins.engine_proc``) unless ``VLLITE_ENABLE_MULTIPROCESSING=0`` or it is not
+available, in which case the in-process client runs the engine core in the caller's thread.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from typing import Any
+
+from vllite.config import EngineConfig
+from vllite.protocol import EngineCoreOutputs, EngineCoreRequest
+
+# Engine-core methods a client may call by name (the process engine refuses everything else over RPC).
+UTILITY_METHODS = frozenset(
+    {
+        "pause_scheduler",
+        "resume_scheduler",
+        "is_scheduler_paused",
+        "reset_prefix_cache",
+        "sleep",
+        "wake_up",
+        "is_sleeping",
+        "get_request_counts",
+        "get_num_unfinished_requests",
+        "get_kv_cache_usage",
+        "get_engine_info",
+    }
+)
+
+
+class EngineCoreClient(ABC):
+    """The frontend's handle on an engine core; every call is safe to make from one frontend thread."""
+
+    @abstractmethod
+    def add_request(self, request: EngineCoreRequest) -> None:
+        """Queues a validated request in the engine core."""
+
+    @abstractmethod
+    def get_output(self) -> EngineCoreOutputs:
+        """The next batch of outputs for this client (in-process: runs one engine step)."""
+
+    @abstractmethod
+    def abort_requests(self, request_ids: list[str]) -> None:
+        """Aborts requests in any state; unknown or finished ids are ignored."""
+
+    @abstractmethod
+    def call_utility(self, method: str, *args: Any) -> Any:
+        """Calls an allow-listed engine-core method by name and returns its result."""
+
+    @abstractmethod
+    def shutdown(self) -> None:
+        """Stops the engine core and frees its resources; idempotent."""
+
+    @property
+    def max_model_len(self) -> int | None:
+        return None
+
+    # Convenience wrappers over call_utility, with vLLM's names.
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        return self.call_utility("reset_prefix_cache", reset_running_requests)
+
+    def pause_scheduler(self, mode: str = "abort") -> None:
+        self.call_utility("pause_scheduler", mode)
+
+    def resume_scheduler(self) -> None:
+        self.call_utility("resume_scheduler")
+
+    def is_scheduler_paused(self) -> bool:
+        return self.call_utility("is_scheduler_paused")
+
+    def sleep(self, level: int = 1) -> None:
+        self.call_utility("sleep", level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.call_utility("wake_up", tags)
+
+    def is_sleeping(self) -> bool:
+        return self.call_utility("is_sleeping")
+
+
+class InprocClient(EngineCoreClient):
+    """Runs the engine core in the caller's thread: ``get_output()`` is one engine step."""
+
+    def __init__(self, config: EngineConfig, *, log_stats: bool | None = None) -> None:
+        from vllite.engine.core import EngineCore
+
+        self.engine_core = EngineCore(config, log_stats=log_stats)
+        self._closed = False
+
+    @property
+    def max_model_len(self) -> int | None:
+        return self.engine_core.config.model_config.max_model_len
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        self.engine_core.add_request(request)
+
+    def get_output(self) -> EngineCoreOutputs:
+        outputs, _ = self.engine_core.step_fn()
+        return (outputs or {}).get(0) or EngineCoreOutputs()
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        if request_ids:
+            self.engine_core.abort_requests(request_ids)
+
+    def call_utility(self, method: str, *args: Any) -> Any:
+        if method not in UTILITY_METHODS:
+            raise ValueError(f"Unknown or disallowed engine utility {method!r}; allowed: {', '.join(sorted(UTILITY_METHODS))}.")
+        return getattr(self.engine_core, method)(*args)
+
+    def shutdown(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.engine_core.shutdown()
+
+
+def multiprocessing_enabled() -> bool:
+    return os.environ.get("VLLITE_ENABLE_MULTIPROCESSING", "1").strip() not in ("0", "false", "False")
+
+
+def make_client(config: EngineConfig, *, multiprocess: bool | None = None, asyncio_mode: bool = False,
+                log_stats: bool | None = None) -> EngineCoreClient:
+    """Builds the engine client: ``mp`` (or ``async_mp``) when enabled and registered, else in-process."""
+    from vllite.plugin_manager import get_registry
+
+    clients = get_registry("engine_clients")
+    if multiprocess is None:
+        multiprocess = multiprocessing_enabled()
+    name = ("async_mp" if asyncio_mode else "mp") if multiprocess else "inprocess"
+    if name not in clients:
+        if asyncio_mode:
+            raise ValueError("The async engine needs the multiprocess engine-client plugin ('async_mp'), not found.")
+        name = "inprocess"
+    return clients[name](config, log_stats=log_stats)

@@ -1,0 +1,166 @@
+"""``LLM``: the offline user API (vLLM-compatible): ``LLM(model).generate(prompts, SamplingParams(...))``."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from vllite.config import EngineArgs
+from vllite.outputs import RequestOutput
+from vllite.sampling_params import SamplingParams
+
+PromptType = str | dict[str, Any] | list[int]
+
+
+class LLM:
+    """An engine for offline batched generation.
+
+    ``model`` is a local model folder (default: the embedded demo model). Other keyword arguments are
+    ``EngineArgs`` fields (``max_model_len``, ``scheduler_cls``, ``enable_prefix_caching``, ...).
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        tokenizer: str | None = None,
+        dtype: str = "auto",
+        seed: int = 0,
+        logits_processors: list[Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        engine_args = EngineArgs(
+            model=model, tokenizer=tokenizer, dtype=dtype, seed=seed, logits_processors=logits_processors, **kwargs
+        )
+        self._init_engine(engine_args)
+
+    def _init_engine(self, engine_args: EngineArgs) -> None:
+        from vllite.engine.llm_engine import LLMEngine
+
+        self.llm_engine = LLMEngine.from_engine_args(engine_args)
+        self.model_config = self.llm_engine.config.model_config
+        self._counter = itertools.count()
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs) -> LLM:
+        llm = cls.__new__(cls)
+        llm._init_engine(engine_args)
+        return llm
+
+    def get_tokenizer(self) -> Any:
+        return self.llm_engine.tokenizer
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        return SamplingParams()
+
+    # ------------------------------------------------------------------ generation
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+        priority: list[int] | None = None,
+    ) -> list[RequestOutput]:
+        """Generates for every prompt and returns the finished outputs in input order."""
+        if isinstance(prompts, (str, dict)) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]  # type: ignore[list-item]
+        prompts = list(prompts)  # type: ignore[arg-type]
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
+        if isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params] * len(prompts)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(prompts):
+                raise ValueError(
+                    f"Got {len(params_list)} SamplingParams for {len(prompts)} prompts; give one, or one per prompt."
+                )
+        if priority is not None and len(priority) != len(prompts):
+            raise ValueError(f"Got {len(priority)} priorities for {len(prompts)} prompts.")
+        self._add_requests(prompts, params_list, priority)
+        return self._run_engine(use_tqdm=use_tqdm)
+
+    def chat(
+        self,
+        messages: list[dict[str, str]] | list[list[dict[str, str]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[RequestOutput]:
+        """Generates replies to one conversation or a list of them, through the tokenizer's chat template."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = []
+        for conversation in conversations:
+            token_ids = self.llm_engine.input_processor.apply_chat_template(
+                conversation, add_generation_prompt=add_generation_prompt, **(chat_template_kwargs or {})
+            )
+            prompts.append({"prompt_token_ids": token_ids})
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def _add_requests(
+        self, prompts: list[PromptType], params_list: list[SamplingParams], priority: list[int] | None
+    ) -> None:
+        added: list[str] = []
+        try:
+            for i, (prompt, params) in enumerate(zip(prompts, params_list)):
+                request_id = str(next(self._counter))
+                self.llm_engine.add_request(request_id, prompt, params, priority=priority[i] if priority else 0)
+                added.append(request_id)
+        except Exception:
+            # One bad prompt fails the call, but leaves nothing half-submitted behind.
+            if added:
+                self.llm_engine.abort_request(added)
+            raise
+
+    def _run_engine(self, *, use_tqdm: bool) -> list[RequestOutput]:
+        total = self.llm_engine.get_num_unfinished_requests()
+        progress = None
+        if use_tqdm and total:
+            from tqdm.auto import tqdm
+
+            progress = tqdm(total=total, desc="Processed prompts", dynamic_ncols=True)
+        finished: list[RequestOutput] = []
+        try:
+            while self.llm_engine.has_unfinished_requests():
+                for output in self.llm_engine.step():
+                    if output.finished:
+                        finished.append(output)
+                        if progress is not None:
+                            progress.update(1)
+        finally:
+            if progress is not None:
+                progress.close()
+        return sorted(finished, key=lambda out: int(out.request_id))
+
+    # ------------------------------------------------------------------ utilities
+    def reset_prefix_cache(self) -> bool:
+        return self.llm_engine.reset_prefix_cache()
+
+    def sleep(self, level: int = 1) -> None:
+        self.llm_engine.sleep(level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.llm_engine.wake_up(tags)
+
+    def shutdown(self) -> None:
+        engine = getattr(self, "llm_engine", None)
+        if engine is not None:
+            engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def __del__(self) -> None:
+        try:
+            self.shutdown()
+        except Exception:
+            pass

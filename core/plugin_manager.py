@@ -1,0 +1,322 @@
+"""Plugin loading: builtins first, then the ``vllite`` entry-point group, resolved once into plain registries.
+
+The engine never calls pluggy per token: at start-up :func:`get_registry` asks every plugin's register hook for
+its components once and keeps a ``name -> object`` dict. Class paths (``pkg.mod:Class`` or ``pkg.mod.Class``) are
+accepted wherever a registered name is.
+
+Environment:
+- ``VLLITE_PLUGINS``: comma-separated entry-point names to load (empty loads none; unset loads all). Applies to every
+  entry-point group vllite reads, including the logits-processor groups.
+- ``VLLITE_DISABLE_PLUGIN_AUTOLOAD=1``: load no third-party plugins at all.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+import pluggy
+
+from vllite import hookspecs
+from vllite.exceptions import DuplicateComponentError, PluginLoadError, UnknownComponentError
+
+logger = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "vllite"
+
+# Every builtin is a plugin registered through the same hooks as third parties, in this order.
+BUILTIN_PLUGINS: tuple[str, ...] = (
+    "vllite.schedulers.builtin",
+    "vllite.schedulers.trace",
+    "vllite.builtin_logitsprocs.plugin",
+    "vllite.plugins.executor.plugin",
+    "vllite.engine.builtin_plugin",
+    "vllite.cli_commands",
+)
+
+# Component kind -> the register hook that contributes it, and the attributes a component must have.
+COMPONENT_KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "schedulers": ("vllite_register_schedulers", ("schedule", "update_from_output", "add_request", "finish_requests")),
+    "logits_processors": ("vllite_register_logits_processors", ("apply",)),
+    "executors": ("vllite_register_executors", ("execute_model",)),
+    "engine_clients": ("vllite_register_engine_clients", ("add_request", "get_output", "shutdown")),
+    "kv_connectors": ("vllite_register_kv_connectors", ()),
+    "tool_call_estimators": ("vllite_register_tool_call_estimators", ("set_up_pin",)),
+    "tool_parsers": ("vllite_register_tool_parsers", ("parse",)),
+    "models": ("vllite_register_models", ()),
+    "commands": ("vllite_register_commands", ("run",)),
+}
+
+
+@dataclass(frozen=True)
+class EntryPointInfo:
+    """One discovered entry point, with the distribution it came from (for error messages and ``vllite plugins``)."""
+
+    name: str
+    value: str
+    group: str
+    dist_name: str
+    dist_version: str
+    entry_point: Any = field(repr=False, compare=False)
+
+    def describe(self) -> str:
+        return f"entry point {self.name!r} ({self.value}) of distribution {self.dist_name} {self.dist_version}"
+
+    def load(self) -> Any:
+        """Imports the entry point; any failure becomes a ``PluginLoadError`` naming it."""
+        try:
+            return self.entry_point.load()
+        except Exception as exc:
+            raise PluginLoadError(
+                f"Failed to load {self.describe()} in group {self.group!r}: {type(exc).__name__}: {exc}",
+                plugin=self.name,
+                distribution=self.dist_name,
+            ) from exc
+
+
+@dataclass
+class Component:
+    """A registered component and the plugin that contributed it."""
+
+    name: str
+    obj: Any
+    plugin: str
+    builtin: bool
+
+
+def plugin_filter() -> set[str] | None:
+    """The entry-point names allowed by the environment: ``None`` means all, an empty set means none."""
+    if os.environ.get("VLLITE_DISABLE_PLUGIN_AUTOLOAD", "").strip() in ("1", "true", "True"):
+        return set()
+    allowed = os.environ.get("VLLITE_PLUGINS")
+    if allowed is None:
+        return None
+    return {name.strip() for name in allowed.split(",") if name.strip()}
+
+
+def iter_entry_points(group: str) -> list[EntryPointInfo]:
+    """The entry points of ``group`` that ``VLLITE_PLUGINS`` / ``VLLITE_DISABLE_PLUGIN_AUTOLOAD`` allow, sorted."""
+    allowed = plugin_filter()
+    found: dict[tuple[str, str], EntryPointInfo] = {}
+    for ep in metadata.entry_points(group=group):
+        if allowed is not None and ep.name not in allowed:
+            continue
+        dist = getattr(ep, "dist", None)
+        dist_name = dist.metadata["Name"] if dist is not None else "<unknown>"
+        dist_version = dist.version if dist is not None else "?"
+        # The same distribution can be visible twice on sys.path (e.g. editable + build dir): keep one.
+        found.setdefault((ep.name, ep.value), EntryPointInfo(ep.name, ep.value, group, dist_name, dist_version, ep))
+    return sorted(found.values(), key=lambda info: (info.name, info.value))
+
+
+def resolve_class_path(path: str) -> Any:
+    """Imports ``pkg.mod:Class`` or ``pkg.mod.Class`` (nested attributes allowed after the colon)."""
+    if not isinstance(path, str) or not path.strip():
+        raise PluginLoadError(f"Invalid class path {path!r}: expected 'pkg.mod:Class' or 'pkg.mod.Class'.")
+    if ":" in path:
+        module_name, _, attr_path = path.partition(":")
+    else:
+        module_name, _, attr_path = path.rpartition(".")
+    if not module_name or not attr_path:
+        raise PluginLoadError(f"Invalid class path {path!r}: expected 'pkg.mod:Class' or 'pkg.mod.Class'.")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as exc:
+        raise PluginLoadError(
+            f"Cannot import module {module_name!r} of class path {path!r}: {type(exc).__name__}: {exc}", plugin=path
+        ) from exc
+    for attr in attr_path.split("."):
+        try:
+            obj = getattr(obj, attr)
+        except AttributeError as exc:
+            raise PluginLoadError(f"Module {module_name!r} has no attribute {attr_path!r} ({path!r}).", plugin=path) from exc
+    return obj
+
+
+def looks_like_class_path(name: str) -> bool:
+    return ":" in name or "." in name
+
+
+class PluginManager:
+    """Loads builtins and third-party plugins once and builds the component registries from their hooks."""
+
+    def __init__(self, *, load_entry_points: bool = True, extra_plugins: tuple[Any, ...] = ()) -> None:
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+        self.pm.add_hookspecs(hookspecs)
+        self.builtin_names: list[str] = []
+        self.entry_points: dict[str, EntryPointInfo] = {}
+        self._registries: dict[str, dict[str, Component]] = {}
+        self._lock = threading.Lock()
+        for module_name in BUILTIN_PLUGINS:
+            self._register(importlib.import_module(module_name), module_name, source=f"builtin {module_name}")
+            self.builtin_names.append(module_name)
+        if load_entry_points:
+            for info in iter_entry_points(ENTRY_POINT_GROUP):
+                self._register(info.load(), info.name, source=info.describe(), info=info)
+                self.entry_points[info.name] = info
+        for plugin in extra_plugins:
+            self.register(plugin)
+        self.check_pending()
+
+    # ------------------------------------------------------------------ registration
+    def _register(self, plugin: Any, name: str, *, source: str, info: EntryPointInfo | None = None) -> None:
+        if self.pm.has_plugin(name):
+            raise PluginLoadError(f"Two plugins are named {name!r}: {source} and an earlier one.", plugin=name)
+        try:
+            self.pm.register(plugin, name=name)
+        except pluggy.PluginValidationError as exc:
+            raise PluginLoadError(
+                f"Plugin {source} does not satisfy the hook specifications: {exc}",
+                plugin=name,
+                distribution=info.dist_name if info else None,
+            ) from exc
+
+    def register(self, plugin: Any, name: str | None = None) -> str:
+        """Registers an extra plugin object at run time (tests, embedding applications); registries are rebuilt."""
+        name = name or getattr(plugin, "__name__", None) or f"plugin-{id(plugin):x}"
+        self._register(plugin, name, source=f"plugin {name!r}")
+        self.check_pending()
+        self._registries.clear()
+        return name
+
+    def unregister(self, name: str) -> None:
+        self.pm.unregister(name=name)
+        self._registries.clear()
+
+    def check_pending(self) -> None:
+        """Fails on a hook implementation that matches no hookspec (usually a misspelt hook name)."""
+        try:
+            self.pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            plugin_name = self.pm.get_name(exc.plugin) if exc.plugin is not None else None
+            info = self.entry_points.get(plugin_name or "")
+            where = info.describe() if info else f"plugin {plugin_name!r}"
+            raise PluginLoadError(
+                f"{where} implements an unknown hook (misspelt?): {exc}. Known hooks: "
+                + ", ".join(sorted(n for n in dir(hookspecs) if n.startswith("vllite_"))),
+                plugin=plugin_name,
+                distribution=info.dist_name if info else None,
+            ) from exc
+
+    def describe_plugin(self, name: str) -> str:
+        info = self.entry_points.get(name)
+        return info.describe() if info else f"builtin plugin {name!r}"
+
+    # ------------------------------------------------------------------ registries
+    def components(self, kind: str) -> dict[str, Component]:
+        """``name -> Component`` for one kind, built once from the register hook of every plugin."""
+        if kind not in COMPONENT_KINDS:
+            raise ValueError(f"Unknown component kind {kind!r}; known: {', '.join(COMPONENT_KINDS)}.")
+        with self._lock:
+            registry = self._registries.get(kind)
+            if registry is None:
+                registry = self._registries[kind] = self._build_registry(kind)
+            return registry
+
+    def _build_registry(self, kind: str) -> dict[str, Component]:
+        hook_name, required = COMPONENT_KINDS[kind]
+        registry: dict[str, Component] = {}
+        # get_hookimpls() lists implementations in registration order: builtins first.
+        for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
+            plugin_name = impl.plugin_name
+            builtin = plugin_name in self.builtin_names
+
+            def register(name: str, obj: Any, _plugin: str = plugin_name, _builtin: bool = builtin) -> None:
+                self._add_component(registry, kind, required, Component(name, obj, _plugin, _builtin))
+
+            try:
+                impl.function(register=register)
+            except PluginLoadError:
+                raise
+            except Exception as exc:
+                raise PluginLoadError(
+                    f"{self.describe_plugin(plugin_name)} failed in {hook_name}: {type(exc).__name__}: {exc}",
+                    plugin=plugin_name,
+                ) from exc
+        return registry
+
+    def _add_component(
+        self, registry: dict[str, Component], kind: str, required: tuple[str, ...], component: Component
+    ) -> None:
+        missing = [attr for attr in required if not hasattr(component.obj, attr)]
+        if missing:
+            raise PluginLoadError(
+                f"{self.describe_plugin(component.plugin)} registered {kind[:-1]} {component.name!r} "
+                f"({component.obj!r}) which lacks {', '.join(missing)}.",
+                plugin=component.plugin,
+            )
+        previous = registry.get(component.name)
+        if previous is not None:
+            if previous.builtin and not component.builtin:
+                logger.info(
+                    "%s overrides the builtin %s %r", self.describe_plugin(component.plugin), kind[:-1], component.name
+                )
+            else:
+                raise DuplicateComponentError(
+                    f"Two plugins register the {kind[:-1]} name {component.name!r}: "
+                    f"{self.describe_plugin(previous.plugin)} and {self.describe_plugin(component.plugin)}.",
+                    plugin=component.plugin,
+                )
+        registry[component.name] = component
+
+    def get_registry(self, kind: str) -> dict[str, Any]:
+        return {name: c.obj for name, c in self.components(kind).items()}
+
+    def resolve(self, kind: str, name_or_path: str | Any) -> Any:
+        """A registered component by name, or a class path; a non-string is returned as given."""
+        if not isinstance(name_or_path, str):
+            return name_or_path
+        registry = self.components(kind)
+        if name_or_path in registry:
+            return registry[name_or_path].obj
+        if looks_like_class_path(name_or_path):
+            return resolve_class_path(name_or_path)
+        raise UnknownComponentError(
+            f"Unknown {kind[:-1].replace('_', ' ')} {name_or_path!r}. Available: {', '.join(sorted(registry)) or 'none'}"
+            " (or give a class path like 'pkg.mod:Class')."
+        )
+
+    def hook_caller(self, hook_name: str) -> Callable[..., Any] | None:
+        """The hook as a plain callable, or ``None`` when no plugin implements it (so callers can skip all work)."""
+        caller = getattr(self.pm.hook, hook_name)
+        return caller if caller.get_hookimpls() else None
+
+
+_manager: PluginManager | None = None
+_manager_lock = threading.Lock()
+
+
+def get_plugin_manager() -> PluginManager:
+    """The process-wide plugin manager, built on first use."""
+    global _manager
+    with _manager_lock:
+        if _manager is None:
+            _manager = PluginManager()
+        return _manager
+
+
+def reset_plugin_manager() -> None:
+    """Forgets the process-wide manager so the next call re-reads the environment and entry points (tests)."""
+    global _manager
+    with _manager_lock:
+        _manager = None
+
+
+def get_registry(kind: str) -> dict[str, Any]:
+    """``name -> component`` for ``kind`` (schedulers, logits_processors, executors, ...)."""
+    return get_plugin_manager().get_registry(kind)
+
+
+def resolve_component(kind: str, name_or_path: str | Any) -> Any:
+    """A component by registered name or class path; unknown names list the available ones."""
+    return get_plugin_manager().resolve(kind, name_or_path)
+
+
+def get_hook_caller(hook_name: str) -> Callable[..., Any] | None:
+    return get_plugin_manager().hook_caller(hook_name)
