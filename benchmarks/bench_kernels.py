@@ -1,0 +1,136 @@
+"""Benchmark the paged-attention kernels.
+
+CPU: the torch reference (the CPU execution path) against a dense SDPA peer on the same shapes; the peer
+gets its K/V already contiguous and its masks prebuilt, so the ratio is the cost of paging (block-table
+gather, mask construction, float32 softmax). CUDA (when present): the Triton kernel against the reference
+and against the same dense SDPA peer.
+
+    python benchmarks/bench_kernels.py [--threads N] [--iters N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from vllite.kernels.reference import paged_attention_ref
+
+# name -> list of (context_len, query_len) per sequence
+SHAPES: dict[str, list[tuple[int, int]]] = {
+    "decode 32x ctx512": [(512, 1)] * 32,
+    "prefill 4x256": [(0, 256)] * 4,
+    "chunked 2x(ctx256+128)": [(256, 128)] * 2,
+    "mixed 16 decode + 1x256": [(384, 1)] * 16 + [(0, 256)],
+}
+NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 16, 4, 64, 16
+
+
+def build(specs: list[tuple[int, int]], device: str, dtype: torch.dtype, seed: int = 0) -> dict:
+    """A paged batch (shuffled blocks) plus dense per-group K/V, queries and masks for the SDPA peer."""
+    g = torch.Generator().manual_seed(seed)
+    seq_lens = [c + q for c, q in specs]
+    nblk = [math.ceil(n / BLOCK_SIZE) for n in seq_lens]
+    num_blocks = sum(nblk)
+    perm = torch.randperm(num_blocks, generator=g)
+    tables = torch.zeros(len(specs), max(nblk), dtype=torch.int32)
+    used = 0
+    for s, n in enumerate(nblk):
+        tables[s, :n] = perm[used : used + n].to(torch.int32)
+        used += n
+    shape = (num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
+    k_cache = torch.randn(shape, generator=g).to(device=device, dtype=dtype)
+    v_cache = torch.randn(shape, generator=g).to(device=device, dtype=dtype)
+    q_lens = [q for _, q in specs]
+    query = torch.randn(sum(q_lens), NUM_HEADS, HEAD_DIM, generator=g).to(device=device, dtype=dtype)
+    qsl = torch.tensor([0, *q_lens]).cumsum(0).to(device=device, dtype=torch.int32)
+    paged = dict(
+        args=(
+            query,
+            k_cache,
+            v_cache,
+            tables.to(device),
+            torch.tensor(seq_lens, dtype=torch.int32, device=device),
+            qsl,
+        ),
+        kwargs=dict(max_query_len=max(q_lens), max_seq_len=max(seq_lens), scale=HEAD_DIM**-0.5),
+    )
+    # Dense peer: one SDPA per group of equal query length, K/V contiguous [S, Hkv, L, D], mask prebuilt.
+    peer = []
+    for ql in sorted(set(q_lens)):
+        idx = [s for s, q in enumerate(q_lens) if q == ql]
+        length = max(seq_lens[s] for s in idx)
+        pos = torch.arange(length)
+        blk = tables[idx][:, (pos // BLOCK_SIZE).clamp(max=tables.shape[1] - 1)].long().to(device)
+        off = (pos % BLOCK_SIZE).to(device).expand(len(idx), -1)
+        k = k_cache[blk, off].transpose(1, 2).contiguous()
+        v = v_cache[blk, off].transpose(1, 2).contiguous()
+        starts = [int(qsl[s]) for s in idx]
+        q = torch.stack([query[a : a + ql] for a in starts]).transpose(1, 2).contiguous()
+        lens = torch.tensor([seq_lens[s] for s in idx])
+        qpos = (lens - ql)[:, None] + torch.arange(ql)
+        mask = (pos[None, None] <= qpos[:, :, None]) & (pos[None, None] < lens[:, None, None])
+        peer.append((q, k, v, mask[:, None].to(device)))
+    return dict(paged=paged, peer=peer)
+
+
+def sdpa_peer(peer: list) -> None:
+    for q, k, v, mask in peer:
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=HEAD_DIM**-0.5, enable_gqa=True)
+
+
+def timeit(fn: Callable[[], object], iters: int, cuda: bool) -> float:
+    """Median milliseconds per call after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(iters):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--iters", type=int, default=5)
+    ns = parser.parse_args()
+    torch.set_num_threads(ns.threads)
+    print(f"H={NUM_HEADS} Hkv={NUM_KV_HEADS} D={HEAD_DIM} block={BLOCK_SIZE}, torch threads={ns.threads}")
+
+    print("\nCPU float32: reference paged attention vs dense SDPA peer (median ms)")
+    print(f"{'shape':28} {'ref':>9} {'sdpa':>9} {'ratio':>7}")
+    for name, specs in SHAPES.items():
+        case = build(specs, "cpu", torch.float32)
+        p = case["paged"]
+        t_ref = timeit(lambda p=p: paged_attention_ref(*p["args"], **p["kwargs"]), ns.iters, False)
+        t_peer = timeit(lambda c=case: sdpa_peer(c["peer"]), ns.iters, False)
+        print(f"{name:28} {t_ref:9.2f} {t_peer:9.2f} {t_ref / t_peer:7.2f}")
+
+    if not torch.cuda.is_available():
+        print("\nno CUDA device: skipping the Triton benchmark")
+        return
+    from vllite.kernels.triton_attention import paged_attention_triton
+
+    for dtype in (torch.float16, torch.bfloat16):
+        print(f"\nCUDA {dtype}: Triton vs reference vs dense SDPA peer (median ms)")
+        print(f"{'shape':28} {'triton':>9} {'ref':>9} {'sdpa':>9} {'ref/tri':>8} {'tri/sdpa':>8}")
+        for name, specs in SHAPES.items():
+            case = build(specs, "cuda", dtype)
+            p = case["paged"]
+            t_tri = timeit(lambda p=p: paged_attention_triton(*p["args"], **p["kwargs"]), 10 * ns.iters, True)
+            t_ref = timeit(lambda p=p: paged_attention_ref(*p["args"], **p["kwargs"]), 10 * ns.iters, True)
+            t_peer = timeit(lambda c=case: sdpa_peer(c["peer"]), 10 * ns.iters, True)
+            ratios = f"{t_ref / t_tri:8.2f} {t_tri / t_peer:8.2f}"
+            print(f"{name:28} {t_tri:9.3f} {t_ref:9.3f} {t_peer:9.3f} {ratios}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""Torch reference implementations of the paged KV-cache kernels; also the CPU execution path.
+
+Cache layout (per layer): ``key_cache`` and ``value_cache`` are each
+``[num_blocks, block_size, num_kv_heads, head_dim]``; token slot ``s`` lives at block ``s // block_size``,
+offset ``s % block_size``.
+
+The attention here is vectorised over the batch: each sequence's context is gathered through its block
+table into a padded ``[num_seqs, max_seq_len, num_kv_heads, head_dim]`` tensor, the packed queries are
+scattered into ``[num_seqs, max_query_len, num_heads, head_dim]``, one batched matmul per KV head and one
+masked float32 softmax run over all of them, and the result is packed back. Decode sequences (query
+length 1) and the others are attended in two such groups so that one long prefill does not pad every decode
+to its query length.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["paged_attention_ref", "reshape_and_cache_ref"]
+
+
+def reshape_and_cache_ref(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write ``key``/``value`` rows into the paged caches in place.
+
+    Args:
+        key, value: ``[num_tokens, num_kv_heads, head_dim]``; cast to the cache dtype on write.
+        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]`` (any strides).
+        slot_mapping: ``[num_tokens]`` integer; ``slot = block_id * block_size + offset``. A negative slot
+            (``-1``) marks a padding token whose row is skipped.
+
+    Returns nothing; only the cache entries at the given slots change.
+    """
+    block_size = key_cache.shape[1]
+    slots = slot_mapping.to(torch.int64)
+    keep = slots >= 0
+    if not bool(keep.all()):
+        slots, key, value = slots[keep], key[keep], value[keep]
+    blocks = torch.div(slots, block_size, rounding_mode="floor")
+    offsets = slots - blocks * block_size
+    key_cache[blocks, offsets] = key.to(key_cache.dtype)
+    value_cache[blocks, offsets] = value.to(value_cache.dtype)
+
+
+def paged_attention_ref(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    *,
+    max_query_len: int,
+    max_seq_len: int,
+    scale: float,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal grouped-query attention of packed queries over a paged KV cache (mixed prefill + decode).
+
+    Args:
+        query: ``[num_tokens, num_heads, head_dim]``, the query tokens of all sequences back to back.
+        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``; the K/V of this step's
+            tokens must already be written (see :func:`reshape_and_cache_ref`).
+        block_tables: ``[num_seqs, max_blocks_per_seq]`` integer block ids; entries past a sequence's
+            length are ignored (they may hold any value).
+        seq_lens: ``[num_seqs]`` integer, total context length including this step's query tokens.
+        query_start_loc: ``[num_seqs + 1]`` integer cumulative query offsets into ``query``.
+        max_query_len, max_seq_len: upper bounds of the query lengths and of ``seq_lens``.
+        scale: multiplier of ``q @ k``, applied after the matmul (as Hugging Face eager does).
+        sliding_window: when given, query position ``p`` sees keys at positions ``> p - sliding_window``.
+        softcap: when given, scores become ``softcap * tanh(scores / softcap)`` (after scaling).
+        out: optional ``[num_tokens, num_heads, head_dim]`` tensor to write into and return.
+
+    Query token ``i`` of sequence ``s`` sits at position ``seq_lens[s] - query_len[s] + i`` and attends to
+    key positions ``<= `` its own. Scores, softmax and the weighted sum run in float32; the result has
+    ``query``'s dtype. Rows of ``query`` past ``query_start_loc[-1]`` (padding) are left zero (or as they
+    were in ``out``). ``num_heads`` must be a multiple of ``num_kv_heads``.
+    """
+    num_tokens, num_heads, _ = query.shape
+    num_kv_heads = key_cache.shape[2]
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+    if out is None:
+        out = torch.zeros_like(query)
+    num_seqs = seq_lens.shape[0]
+    if num_seqs == 0 or num_tokens == 0:
+        return out
+
+    device = query.device
+    qsl = query_start_loc.to(device=device, dtype=torch.int64)
+    query_lens = qsl[1:] - qsl[:-1]
+    lens = seq_lens.to(device=device, dtype=torch.int64)
+    is_decode = query_lens == 1
+    n_decode = int(is_decode.sum())
+    if n_decode in (0, num_seqs):
+        groups = [(None, max_query_len, max_seq_len)]
+    else:
+        groups = []
+        for mask in (is_decode, ~is_decode):
+            idx = mask.nonzero().squeeze(1)
+            groups.append((idx, int(query_lens[idx].max()), int(lens[idx].max())))
+
+    for seq_ids, group_q_len, group_seq_len in groups:
+        if seq_ids is None:
+            seq_ids = torch.arange(num_seqs, device=device)
+        _attend_group(
+            query,
+            key_cache,
+            value_cache,
+            block_tables.to(device)[seq_ids].to(torch.int64),
+            lens[seq_ids],
+            qsl[seq_ids],
+            query_lens[seq_ids],
+            max_query_len=max(group_q_len, 1),
+            max_seq_len=max(group_seq_len, 1),
+            scale=scale,
+            sliding_window=sliding_window,
+            softcap=softcap,
+            out=out,
+        )
+    return out
+
+
+def _attend_group(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    q_starts: torch.Tensor,
+    query_lens: torch.Tensor,
+    *,
+    max_query_len: int,
+    max_seq_len: int,
+    scale: float,
+    sliding_window: int | None,
+    softcap: float | None,
+    out: torch.Tensor,
+) -> None:
+    """Attend one group of sequences (padded to the group's maxima) and scatter the rows into ``out``."""
+    device = query.device
+    num_seqs = seq_lens.shape[0]
+    _, num_heads, head_dim = query.shape
+    num_blocks, block_size, num_kv_heads, _ = key_cache.shape
+    group = num_heads // num_kv_heads
+
+    # Gather each sequence's context whole blocks at a time: float32 [S, L, Hkv, D], L = max_seq_len rounded
+    # up to whole blocks; positions past a sequence's length are masked below.
+    num_ctx_blocks = min(-(-max_seq_len // block_size), block_tables.shape[1])
+    blocks = block_tables[:, :num_ctx_blocks].clamp(0, num_blocks - 1).reshape(-1)  # unused entries: any id
+    ctx_len = num_ctx_blocks * block_size
+    keys = key_cache.index_select(0, blocks).view(num_seqs, ctx_len, num_kv_heads, head_dim).float()
+    values = value_cache.index_select(0, blocks).view(num_seqs, ctx_len, num_kv_heads, head_dim).float()
+
+    # Scatter the packed queries into [S, Mq, H, D].
+    seq_of_token = torch.repeat_interleave(torch.arange(num_seqs, device=device), query_lens)
+    first = torch.repeat_interleave(torch.cumsum(query_lens, 0) - query_lens, query_lens)
+    local = torch.arange(seq_of_token.shape[0], device=device) - first
+    token_rows = q_starts[seq_of_token] + local
+    q = query.new_zeros((num_seqs, max_query_len, num_kv_heads, group, head_dim), dtype=torch.float32)
+    q.view(num_seqs, max_query_len, num_heads, head_dim)[seq_of_token, local] = query[token_rows].float()
+
+    # Per KV head h: [S, Mq*G, D] @ [S, D, L]. Slicing one head out of [S, L, Hkv, D] leaves matrices that
+    # BLAS reads in place (row stride Hkv*D), so the context is never transposed into a copy.
+    rows = max_query_len * group
+    scores = torch.empty((num_kv_heads, num_seqs, rows, ctx_len), dtype=torch.float32, device=device)
+    for h in range(num_kv_heads):
+        q_h = q[:, :, h].reshape(num_seqs, rows, head_dim)
+        torch.bmm(q_h, keys[:, :, h].transpose(1, 2), out=scores[h])
+    scores = scores.view(num_kv_heads, num_seqs, max_query_len, group, ctx_len)
+    scores.mul_(scale)
+    if softcap is not None:
+        scores.div_(softcap).tanh_().mul_(softcap)
+
+    pos = torch.arange(ctx_len, device=device)
+    q_pos = (seq_lens - query_lens)[:, None] + torch.arange(max_query_len, device=device)  # [S, Mq]
+    allowed = (pos[None, None, :] <= q_pos[:, :, None]) & (pos[None, None, :] < seq_lens[:, None, None])
+    if sliding_window is not None:
+        allowed &= pos[None, None, :] > q_pos[:, :, None] - sliding_window
+    scores.masked_fill_(~allowed[None, :, :, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).view(num_kv_heads, num_seqs, rows, ctx_len)
+
+    ctx = torch.empty((num_kv_heads, num_seqs, rows, head_dim), dtype=torch.float32, device=device)
+    for h in range(num_kv_heads):
+        torch.bmm(probs[h], values[:, :, h], out=ctx[h])
+    # [Hkv, S, Mq, G, D] -> [S, Mq, Hkv, G, D]; query head = kv_head * G + g. Padding rows are never read.
+    ctx = ctx.view(num_kv_heads, num_seqs, max_query_len, group, head_dim).permute(1, 2, 0, 3, 4)
+    out[token_rows] = ctx[seq_of_token, local].reshape(-1, num_heads, head_dim).to(out.dtype)

@@ -1,0 +1,315 @@
+"""Triton kernels: paged KV-cache write and paged (flash-style) attention over a mixed prefill + decode batch.
+
+Importing this module imports triton; :mod:`vllite.kernels` imports it only when the Triton path is used.
+Shapes and semantics are those of :mod:`vllite.kernels.reference`, which these kernels are tested against.
+
+Attention grid: ``(num_q_blocks, num_kv_heads)``. One program handles ``BLOCK_Q`` query tokens of one
+sequence times the ``GROUP = num_heads // num_kv_heads`` query heads that share one KV head, packed into
+``BLOCK_M = BLOCK_Q * GROUP`` (padded to a power of two) rows, so GQA loads each K/V tile once per group.
+The flat first grid axis covers every sequence's query blocks without per-sequence padding: sequence ``s``
+owns program ids ``[query_start_loc[s] // BLOCK_Q + s, query_start_loc[s + 1] // BLOCK_Q + s + 1)``, found by
+binary search, and programs past the end of their sequence's queries exit at once. Each program loops over
+its sequence's keys in ``TILE_N`` tiles with an online softmax, looking up each key position's physical
+block through the block table, so any block size works.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["paged_attention_triton", "reshape_and_cache_triton"]
+
+
+@triton.jit
+def _reshape_and_cache_kernel(
+    key_ptr,
+    value_ptr,
+    key_cache_ptr,
+    value_cache_ptr,
+    slot_mapping_ptr,
+    stride_kt,
+    stride_kh,
+    stride_kd,
+    stride_vt,
+    stride_vh,
+    stride_vd,
+    stride_kcb,
+    stride_kco,
+    stride_kch,
+    stride_kcd,
+    stride_vcb,
+    stride_vco,
+    stride_vch,
+    stride_vcd,
+    BLOCK_SIZE: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    TILE: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+    if slot < 0:
+        return
+    block = slot // BLOCK_SIZE
+    offset = slot % BLOCK_SIZE
+    idx = tl.arange(0, TILE)
+    head = idx // HEAD_DIM
+    dim = idx % HEAD_DIM
+    mask = idx < NUM_KV_HEADS * HEAD_DIM
+
+    k = tl.load(key_ptr + token * stride_kt + head * stride_kh + dim * stride_kd, mask=mask)
+    v = tl.load(value_ptr + token * stride_vt + head * stride_vh + dim * stride_vd, mask=mask)
+    k_dst = key_cache_ptr + block * stride_kcb + offset * stride_kco + head * stride_kch + dim * stride_kcd
+    v_dst = value_cache_ptr + block * stride_vcb + offset * stride_vco + head * stride_vch + dim * stride_vcd
+    tl.store(k_dst, k.to(key_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_dst, v.to(value_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def reshape_and_cache_triton(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Triton twin of :func:`vllite.kernels.reference.reshape_and_cache_ref` (same shapes and promises).
+
+    ``key``/``value`` ``[num_tokens, num_kv_heads, head_dim]`` are written in place into the caches
+    ``[num_blocks, block_size, num_kv_heads, head_dim]`` at ``slot_mapping`` ``[num_tokens]``; slot ``-1``
+    skips the token. One program per token; all tensors on the same device, any strides.
+    """
+    num_tokens, num_kv_heads, head_dim = key.shape
+    if num_tokens == 0:
+        return
+    _reshape_and_cache_kernel[(num_tokens,)](
+        key,
+        value,
+        key_cache,
+        value_cache,
+        slot_mapping,
+        *key.stride(),
+        *value.stride(),
+        *key_cache.stride(),
+        *value_cache.stride(),
+        BLOCK_SIZE=key_cache.shape[1],
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        TILE=triton.next_power_of_2(num_kv_heads * head_dim),
+    )
+
+
+@triton.jit
+def _find_seq(query_start_loc_ptr, q_block_id, num_seqs, BLOCK_Q: tl.constexpr):
+    """Largest ``s`` with ``query_start_loc[s] // BLOCK_Q + s <= q_block_id`` (binary search)."""
+    lo: tl.int32 = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        first_block = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        if first_block <= q_block_id:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _paged_attention_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    out_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    query_start_loc_ptr,
+    num_seqs,
+    scale,
+    softcap,
+    sliding_window,
+    stride_qt,
+    stride_qh,
+    stride_qd,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    stride_kb,
+    stride_ko,
+    stride_kh,
+    stride_kd,
+    stride_vb,
+    stride_vo,
+    stride_vh,
+    stride_vd,
+    stride_bt,
+    BLOCK_SIZE: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    TILE_N: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    IS_FP32: tl.constexpr,
+):
+    q_block_id = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq = _find_seq(query_start_loc_ptr, q_block_id, num_seqs, BLOCK_Q)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    q_block = q_block_id - (q_start // BLOCK_Q + seq)
+    if q_block * BLOCK_Q >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    ctx_len = seq_len - q_len
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_PAD)
+    tok = q_block * BLOCK_Q + offs_m // GROUP  # query index within the sequence
+    head = kv_head * GROUP + offs_m % GROUP
+    row_ok = (offs_m // GROUP < BLOCK_Q) & (tok < q_len)
+    d_ok = offs_d < HEAD_DIM
+    q_pos = ctx_len + tok
+
+    q_rows = (q_start + tok).to(tl.int64)
+    q = tl.load(
+        q_ptr + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :] * stride_qd,
+        mask=row_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
+
+    # Keys this block needs: [kv_start, kv_end). kv_end stops at the last query row's own position.
+    kv_end = ctx_len + tl.minimum((q_block + 1) * BLOCK_Q, q_len)
+    kv_start = 0
+    if USE_WINDOW:
+        kv_start = tl.maximum(ctx_len + q_block * BLOCK_Q - sliding_window + 1, 0)
+        kv_start = (kv_start // TILE_N) * TILE_N
+    bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    k_head = k_cache_ptr + kv_head * stride_kh
+    v_head = v_cache_ptr + kv_head * stride_vh
+
+    for start in range(kv_start, kv_end, TILE_N):
+        offs_n = start + tl.arange(0, TILE_N)
+        n_ok = offs_n < kv_end
+        blk = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
+        in_blk = offs_n % BLOCK_SIZE
+        k = tl.load(
+            k_head + blk[None, :] * stride_kb + in_blk[None, :] * stride_ko + offs_d[:, None] * stride_kd,
+            mask=d_ok[:, None] & n_ok[None, :],
+            other=0.0,
+        )
+        if IS_FP32:
+            s = tl.dot(q.to(tl.float32), k.to(tl.float32), input_precision="ieee")
+        else:
+            s = tl.dot(q, k)
+        s = s * scale
+        if USE_SOFTCAP:
+            # tanh(x) = 1 - 2 / (exp(2x) + 1), saturating correctly at +-inf.
+            s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * (s / softcap)) + 1.0))
+        ok = row_ok[:, None] & n_ok[None, :] & (offs_n[None, :] <= q_pos[:, None])
+        if USE_WINDOW:
+            ok = ok & (offs_n[None, :] > q_pos[:, None] - sliding_window)
+        s = tl.where(ok, s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+
+        v = tl.load(
+            v_head + blk[:, None] * stride_vb + in_blk[:, None] * stride_vo + offs_d[None, :] * stride_vd,
+            mask=n_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        )
+        if IS_FP32:
+            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+
+    acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(
+        out_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :] * stride_od,
+        acc.to(out_ptr.dtype.element_ty),
+        mask=row_ok[:, None] & d_ok[None, :],
+    )
+
+
+def paged_attention_triton(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    *,
+    max_query_len: int,
+    max_seq_len: int,
+    scale: float,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Triton twin of :func:`vllite.kernels.reference.paged_attention_ref` (same arguments and promises).
+
+    ``query`` ``[num_tokens, num_heads, head_dim]`` packed; caches ``[num_blocks, block_size, num_kv_heads,
+    head_dim]``; ``block_tables`` ``[num_seqs, max_blocks_per_seq]`` int32; ``seq_lens`` ``[num_seqs]`` int32
+    (including this step's tokens); ``query_start_loc`` ``[num_seqs + 1]`` int32. Returns (or fills ``out``)
+    ``[num_tokens, num_heads, head_dim]`` in ``query``'s dtype; rows past ``query_start_loc[-1]`` are not
+    written. Scores and softmax accumulate in float32 (float32 inputs use exact IEEE dot products). Launches
+    without a host sync: ``max_query_len`` only picks the tile shape.
+    """
+    num_tokens, num_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, _ = key_cache.shape
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+    if out is None:
+        out = torch.empty_like(query)
+    num_seqs = seq_lens.shape[0]
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+
+    group = num_heads // num_kv_heads
+    block_m = max(16 if max_query_len <= 1 else 64, triton.next_power_of_2(group))
+    block_q = block_m // group
+    tile_n = min(64, max(16, triton.next_power_of_2(max_seq_len)))
+    head_pad = max(16, triton.next_power_of_2(head_dim))
+    grid = (num_tokens // block_q + num_seqs, num_kv_heads)
+    _paged_attention_kernel[grid](
+        query,
+        key_cache,
+        value_cache,
+        out,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        num_seqs,
+        float(scale),
+        float(softcap) if softcap is not None else 1.0,
+        int(sliding_window) if sliding_window is not None else 0,
+        *query.stride(),
+        *out.stride(),
+        *key_cache.stride(),
+        *value_cache.stride(),
+        block_tables.stride(0),
+        BLOCK_SIZE=block_size,
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        HEAD_PAD=head_pad,
+        BLOCK_M=block_m,
+        BLOCK_Q=block_q,
+        TILE_N=tile_n,
+        USE_SOFTCAP=softcap is not None,
+        USE_WINDOW=sliding_window is not None,
+        IS_FP32=query.dtype == torch.float32,
+        num_warps=4,
+    )
+    return out
