@@ -37,8 +37,8 @@ class SamplingType(enum.IntEnum):
 class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):  # type: ignore[call-arg]
     """Sampling parameters of one request (vLLM-compatible names and defaults).
 
-    ``temperature=0`` means greedy. ``top_k`` of 0 or -1 disables top-k. ``max_tokens=None`` lets the request run
-    to ``max_model_len``. Per-request arguments for logits processors go in ``extra_args``.
+    ``temperature=0`` means greedy. ``top_k`` of 0 or -1 disables top-k. ``max_tokens=None`` lets the request
+    run to ``max_model_len``. Per-request arguments for logits processors go in ``extra_args``.
     """
 
     n: int = 1
@@ -76,8 +76,10 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):  # type:
             self.stop = []
         if self.stop_token_ids is None:
             self.stop_token_ids = []
+        if isinstance(self.stop, tuple):
+            self.stop = list(self.stop)
         if self.logit_bias is not None:
-            self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+            self.logit_bias = _normalize_logit_bias(self.logit_bias)
         self._verify()
         for token_id in self.stop_token_ids:
             if token_id not in self.all_stop_token_ids:
@@ -118,9 +120,9 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):  # type:
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or value < -1):
                 raise bad(name, "None, -1 (the whole vocabulary) or an integer >= 0")
-        if not all(isinstance(s, str) and s for s in self.stop):
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
             raise bad("stop", "a non-empty string or a list of non-empty strings")
-        if not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
+        if not _is_id_list(self.stop_token_ids):
             raise bad("stop_token_ids", "a list of token ids (integers >= 0)")
         if self.truncate_prompt_tokens is not None and (
             not _is_int(self.truncate_prompt_tokens)
@@ -130,24 +132,35 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):  # type:
         if self.logit_bias:
             for token_id, bias in self.logit_bias.items():
                 if token_id < 0:
-                    raise ValueError(f"SamplingParams.logit_bias keys must be token ids >= 0, got {token_id}.")
+                    raise ValueError(
+                        f"SamplingParams.logit_bias keys must be token ids >= 0, got {token_id}."
+                    )
                 if not math.isfinite(bias) or abs(bias) > _MAX_LOGIT_BIAS:
                     raise ValueError(
-                        f"SamplingParams.logit_bias values must be in [-100, 100], got {bias} for token {token_id}."
+                        f"SamplingParams.logit_bias values must be in [-100, 100], "
+                        f"got {bias} for token {token_id}."
                     )
         if self.allowed_token_ids is not None and (
-            not self.allowed_token_ids or not all(_is_int(t) and t >= 0 for t in self.allowed_token_ids)
+            not _is_id_list(self.allowed_token_ids) or not self.allowed_token_ids
         ):
             raise bad("allowed_token_ids", "None or a non-empty list of token ids (integers >= 0)")
         if self.extra_args is not None and not isinstance(self.extra_args, dict):
             raise bad("extra_args", "None or a dict")
-        for name in ("ignore_eos", "detokenize", "skip_special_tokens", "include_stop_str_in_output"):
+        for name in (
+            "ignore_eos",
+            "detokenize",
+            "skip_special_tokens",
+            "spaces_between_special_tokens",
+            "include_stop_str_in_output",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise bad(name, "True or False")
         if not isinstance(self.output_kind, RequestOutputKind):
             raise bad("output_kind", "a RequestOutputKind")
         if self.stop and not self.detokenize:
-            raise ValueError("SamplingParams.stop strings need detokenize=True (stop strings match decoded text).")
+            raise ValueError(
+                "SamplingParams.stop strings need detokenize=True (stop strings match decoded text)."
+            )
 
     # ------------------------------------------------------------------ derived values
     @property
@@ -170,7 +183,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):  # type:
     def update_from_generation_config(
         self, generation_config: dict[str, Any], eos_token_id: int | list[int] | None = None
     ) -> None:
-        """Adds the model's extra EOS ids (from generation_config.json) as stop tokens, unless ``ignore_eos``."""
+        """Adds the model's extra EOS ids (generation_config.json) as stop tokens, unless ``ignore_eos``."""
         if self.ignore_eos:
             return
         ids = generation_config.get("eos_token_id")
@@ -181,6 +194,24 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):  # type:
         for token_id in ids:
             if token_id not in primary and token_id not in self.all_stop_token_ids:
                 self.all_stop_token_ids.append(token_id)
+
+
+def _normalize_logit_bias(logit_bias: object) -> dict[int, float]:
+    """``{token_id: bias}`` with int keys and float values; string keys (as in JSON) are accepted."""
+    if not isinstance(logit_bias, dict):
+        raise ValueError(
+            f"SamplingParams.logit_bias must be None or a dict {{token_id: bias}}, got {logit_bias!r}."
+        )
+    try:
+        return {int(k): float(v) for k, v in logit_bias.items()}
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"SamplingParams.logit_bias must map token ids (integers) to numbers, got {logit_bias!r}."
+        ) from None
+
+
+def _is_id_list(value: object) -> bool:
+    return isinstance(value, list) and all(_is_int(t) and t >= 0 for t in value)
 
 
 def _is_int(value: object) -> bool:

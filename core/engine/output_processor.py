@@ -1,0 +1,353 @@
+"""``OutputProcessor``: engine-core outputs → ``RequestOutput``s, on the client side of the engine.
+
+Per step it detokenizes each request's new tokens, checks stop strings (a hit finishes the request here and
+lists it in ``reqs_to_abort`` so the engine frees it), collects logprobs, gathers ``n > 1`` children through
+their ``ParentRequest``, and shapes each output by its kind: CUMULATIVE, DELTA or FINAL_ONLY. Outputs go to
+the caller (``LLMEngine``) or, for async use, into a per-request queue (``RequestOutputCollector``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from vllite.engine.detokenizer import IncrementalDetokenizer
+from vllite.engine.logprobs import LogprobsProcessor
+from vllite.engine.parallel_sampling import ParentRequest
+from vllite.outputs import CompletionOutput, RequestOutput
+from vllite.protocol import EngineCoreOutput, EngineCoreRequest, FinishReason, SchedulerStats
+from vllite.sampling_params import RequestOutputKind
+
+
+class OutputQueue(Protocol):
+    """Where a request's outputs go in async use: anything with ``put``."""
+
+    def put(self, output: RequestOutput | Exception) -> None: ...
+
+
+@dataclass
+class RequestStateStats:
+    """Per-request timing figures, kept when ``log_stats`` is on (``RequestOutput.metrics``)."""
+
+    arrival_time: float
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    num_generation_tokens: int = 0
+    num_cached_tokens: int = 0
+
+
+@dataclass
+class OutputProcessorOutput:
+    """One step's result: the outputs to hand out, and requests the engine must abort (stop strings)."""
+
+    request_outputs: list[RequestOutput] = field(default_factory=list)
+    reqs_to_abort: list[str] = field(default_factory=list)
+
+
+class RequestState:
+    """Client-side state of one (child) request: ids, prompt, detokenizer, logprobs, output kind, queue."""
+
+    def __init__(
+        self,
+        request: EngineCoreRequest,
+        prompt: str | None,
+        tokenizer: Any,
+        parent_req: ParentRequest | None = None,
+        request_index: int = 0,
+        queue: OutputQueue | None = None,
+        log_stats: bool = False,
+    ) -> None:
+        params = request.params
+        self.request_id = request.request_id
+        self.external_req_id = request.external_req_id or request.request_id
+        self.parent_req = parent_req
+        self.request_index = request_index
+        self.lora_name = request.lora_name
+        self.output_kind = params.output_kind
+        self.prompt = prompt
+        self.prompt_token_ids = request.prompt_token_ids
+        self.prompt_len = len(request.prompt_token_ids or ())
+        if not params.detokenize:
+            tokenizer = None
+        self.detokenizer = IncrementalDetokenizer.from_new_request(tokenizer, request)
+        self.logprobs_processor = LogprobsProcessor.from_new_request(tokenizer, request)
+        self.max_tokens_param = params.max_tokens
+        self.n, self.top_p, self.temperature = params.n, params.top_p, params.temperature
+        self.queue = queue
+        self.num_cached_tokens = 0
+        self.is_prefilling = True
+        self.stats = RequestStateStats(arrival_time=request.arrival_time) if log_stats else None
+
+    def make_request_output(
+        self,
+        new_token_ids: list[int],
+        finish_reason: FinishReason | None,
+        stop_reason: int | str | None,
+        kv_transfer_params: dict[str, Any] | None = None,
+    ) -> RequestOutput | None:
+        """The output to emit now, or None (FINAL_ONLY before the end, or n>1 siblings still running)."""
+        finished = finish_reason is not None
+        if not finished and self.output_kind == RequestOutputKind.FINAL_ONLY:
+            return None
+        completion = self._new_completion_output(new_token_ids, finish_reason, stop_reason)
+        external_req_id = self.external_req_id
+        if self.parent_req is None:
+            outputs = [completion]
+        else:
+            outputs, finished = self.parent_req.get_outputs(self.request_id, completion)
+            if not outputs:
+                return None
+            external_req_id = self.parent_req.external_req_id
+        delta = self.output_kind == RequestOutputKind.DELTA
+        processor = self.logprobs_processor
+        prompt_logprobs = processor.pop_prompt_logprobs() if delta else processor.prompt_logprobs
+        return RequestOutput(
+            request_id=external_req_id,
+            prompt=self.prompt,
+            prompt_token_ids=self.prompt_token_ids,
+            prompt_logprobs=prompt_logprobs,
+            outputs=outputs,
+            finished=finished,
+            num_cached_tokens=self.num_cached_tokens,
+            metrics=self.stats,
+            kv_transfer_params=kv_transfer_params,
+        )
+
+    def _new_completion_output(
+        self, token_ids: list[int], finish_reason: FinishReason | None, stop_reason: int | str | None
+    ) -> CompletionOutput:
+        finished = finish_reason is not None
+        delta = self.output_kind == RequestOutputKind.DELTA
+        text = self.detokenizer.get_next_output_text(finished, delta)
+        if not delta:
+            token_ids = list(self.detokenizer.output_token_ids)
+        logprobs = self.logprobs_processor.logprobs
+        if logprobs is not None:
+            logprobs = logprobs[len(logprobs) - len(token_ids) :] if delta else list(logprobs)
+        return CompletionOutput(
+            index=self.request_index,
+            text=text,
+            token_ids=list(token_ids),
+            cumulative_logprob=self.logprobs_processor.cumulative_logprob,
+            logprobs=logprobs,
+            finish_reason=str(finish_reason) if finished else None,
+            stop_reason=stop_reason if finished else None,
+        )
+
+
+class OutputProcessor:
+    """Turns ``EngineCoreOutput``s into ``RequestOutput``s; holds every unfinished request's ``RequestState``.
+
+    ``request_states`` is keyed by internal id; ``external_req_ids`` maps each external id to its internal ids
+    (several for ``n > 1`` or reused ids). Add a request here *before* sending it to the engine.
+    """
+
+    def __init__(self, tokenizer: Any, log_stats: bool = False) -> None:
+        self.tokenizer = tokenizer
+        self.log_stats = log_stats
+        self.request_states: dict[str, RequestState] = {}
+        self.parent_requests: dict[str, ParentRequest] = {}
+        self.external_req_ids: defaultdict[str, list[str]] = defaultdict(list)
+        self.last_scheduler_stats: SchedulerStats | None = None
+
+    def get_num_unfinished_requests(self) -> int:
+        """Unfinished (child) requests: a prompt with ``n=4`` counts 4."""
+        return len(self.request_states)
+
+    def has_unfinished_requests(self) -> bool:
+        return len(self.request_states) > 0
+
+    def add_request(
+        self,
+        request: EngineCoreRequest,
+        prompt: str | None,
+        parent_req: ParentRequest | None = None,
+        request_index: int = 0,
+        queue: OutputQueue | None = None,
+    ) -> None:
+        """Registers a (child) request; ``ValueError`` if its internal id is already in flight."""
+        req_id = request.request_id
+        if req_id in self.request_states:
+            raise ValueError(f"Request id {req_id!r} is already running.")
+        state = RequestState(
+            request, prompt, self.tokenizer, parent_req, request_index, queue, self.log_stats
+        )
+        self.request_states[req_id] = state
+        if parent_req is not None:
+            self.parent_requests[parent_req.request_id] = parent_req
+        self.external_req_ids[state.external_req_id].append(req_id)
+
+    def process_outputs(
+        self,
+        outputs: Iterable[EngineCoreOutput],
+        engine_core_timestamp: float | None = None,
+        iteration_stats: Any = None,
+    ) -> OutputProcessorOutput:
+        """The one loop over a step's outputs: detokenize, check stop strings, build ``RequestOutput``s.
+
+        Outputs of unknown (already finished or aborted) requests are ignored. ``request_outputs`` keep the
+        order of ``outputs``; queued requests get theirs in their queue instead.
+        """
+        result = OutputProcessorOutput()
+        now = engine_core_timestamp if engine_core_timestamp is not None else time.monotonic()
+        for output in outputs:
+            state = self.request_states.get(output.request_id)
+            if state is None:
+                continue
+            new_token_ids = output.new_token_ids
+            finish_reason, stop_reason = output.finish_reason, output.stop_reason
+            state.num_cached_tokens = output.num_cached_tokens
+            state.is_prefilling = False
+            if state.stats is not None:
+                _update_stats(state.stats, len(new_token_ids), output.num_cached_tokens, now)
+            stop_string = state.detokenizer.update(new_token_ids, finish_reason == FinishReason.STOP)
+            if stop_string is not None:
+                finish_reason, stop_reason = FinishReason.STOP, stop_string
+            state.logprobs_processor.update_from_output(output)
+            request_output = state.make_request_output(
+                new_token_ids, finish_reason, stop_reason, output.kv_transfer_params
+            )
+            if request_output is not None:
+                if state.queue is not None:
+                    state.queue.put(request_output)
+                else:
+                    result.request_outputs.append(request_output)
+            if finish_reason is not None:
+                self._finish_request(state)
+                if not output.finished:
+                    result.reqs_to_abort.append(state.request_id)
+        return result
+
+    def abort_requests(self, request_ids: Iterable[str], internal: bool = False) -> list[str]:
+        """Drops the requests' state; returns the internal ids to abort in the engine.
+
+        An id may be external (all its internal ids, ``n > 1`` children included), internal, or a parent's
+        internal id (all its children). With ``internal=True`` ids are looked up as internal ids first.
+        Queued requests get a final ``finish_reason="abort"`` output; others get none.
+        """
+        internal_ids: list[str] = []
+        for req_id in request_ids:
+            internal_ids.extend(self._resolve(req_id, internal))
+        aborted = []
+        for req_id in dict.fromkeys(internal_ids):
+            state = self.request_states.get(req_id)
+            if state is None:
+                continue
+            if state.queue is not None:
+                output = state.make_request_output([], FinishReason.ABORT, None)
+                if output is not None:
+                    state.queue.put(output)
+            self._finish_request(state)
+            aborted.append(req_id)
+        return aborted
+
+    def propagate_error(self, exc: Exception) -> None:
+        """Puts ``exc`` into every request's queue (async use: the engine died)."""
+        for state in self.request_states.values():
+            if state.queue is not None:
+                state.queue.put(exc)
+
+    def update_scheduler_stats(self, scheduler_stats: SchedulerStats | None) -> None:
+        if scheduler_stats is not None:
+            self.last_scheduler_stats = scheduler_stats
+
+    # ------------------------------------------------------------------ helpers
+    def _resolve(self, req_id: str, internal: bool) -> list[str]:
+        if internal and req_id in self.request_states:
+            return [req_id]
+        if req_id in self.external_req_ids:
+            return list(self.external_req_ids[req_id])
+        parent = self.parent_requests.get(req_id)
+        if parent is not None:
+            return sorted(parent.child_requests)
+        return [req_id] if req_id in self.request_states else []
+
+    def _finish_request(self, state: RequestState) -> None:
+        req_id = state.request_id
+        self.request_states.pop(req_id, None)
+        siblings = self.external_req_ids.get(state.external_req_id)
+        if siblings is not None:
+            if req_id in siblings:
+                siblings.remove(req_id)
+            if not siblings:
+                del self.external_req_ids[state.external_req_id]
+        parent = state.parent_req
+        if parent is not None:
+            parent.child_requests.discard(req_id)
+            if not parent.child_requests:
+                self.parent_requests.pop(parent.request_id, None)
+
+
+def _update_stats(stats: RequestStateStats, num_new: int, num_cached: int, now: float) -> None:
+    if num_new:
+        if stats.first_token_time is None:
+            stats.first_token_time = now
+        stats.last_token_time = now
+        stats.num_generation_tokens += num_new
+    stats.num_cached_tokens = num_cached
+
+
+class RequestOutputCollector:
+    """A one-slot async queue of a request's outputs that merges DELTA outputs while the consumer lags.
+
+    CUMULATIVE and FINAL_ONLY outputs replace the pending one (the newest is complete); an exception replaces
+    it and is raised by the getter.
+    """
+
+    def __init__(self, output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE) -> None:
+        self.aggregate = output_kind == RequestOutputKind.DELTA
+        self.output: RequestOutput | Exception | None = None
+        self.ready = asyncio.Event()
+
+    def put(self, output: RequestOutput | Exception) -> None:
+        if isinstance(self.output, RequestOutput) and isinstance(output, RequestOutput):
+            merge_request_outputs(self.output, output, aggregate=self.aggregate)
+        elif not isinstance(self.output, Exception) or isinstance(output, Exception):
+            self.output = output
+        self.ready.set()
+
+    async def get(self) -> RequestOutput:
+        while self.output is None:
+            await self.ready.wait()
+        return self._take()
+
+    def get_nowait(self) -> RequestOutput | None:
+        return None if self.output is None else self._take()
+
+    def _take(self) -> RequestOutput:
+        output, self.output = self.output, None
+        self.ready.clear()
+        if isinstance(output, Exception):
+            raise output
+        assert output is not None
+        return output
+
+
+def merge_request_outputs(into: RequestOutput, new: RequestOutput, *, aggregate: bool) -> None:
+    """Folds ``new`` into ``into``, per sample: appends text, tokens, logprobs (``aggregate``) or replaces."""
+    into.finished = into.finished or new.finished
+    into.num_cached_tokens = new.num_cached_tokens
+    into.kv_transfer_params = new.kv_transfer_params or into.kv_transfer_params
+    if new.prompt_logprobs:
+        into.prompt_logprobs = (
+            (into.prompt_logprobs or []) + new.prompt_logprobs if aggregate else new.prompt_logprobs
+        )
+    for completion in new.outputs:
+        position = next((i for i, c in enumerate(into.outputs) if c.index == completion.index), None)
+        if position is None:
+            into.outputs.append(completion)
+        elif not aggregate:
+            into.outputs[position] = completion
+        else:
+            old = into.outputs[position]
+            old.text += completion.text
+            old.token_ids = old.token_ids + completion.token_ids
+            if completion.logprobs is not None:
+                old.logprobs = (old.logprobs or []) + completion.logprobs
+            old.cumulative_logprob = completion.cumulative_logprob
+            old.finish_reason, old.stop_reason = completion.finish_reason, completion.stop_reason
+    into.outputs.sort(key=lambda c: c.index)

@@ -1,0 +1,131 @@
+"""Tokenizer loading (local folders only, never the network), chat templates, and a tiny tokenizer for tests.
+
+transformers and tokenizers are imported inside the functions, so importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from vllite.exceptions import ModelLoadError
+
+# Any one of these marks a folder that holds a tokenizer.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+)
+
+AnyTokenizer = Any  # a transformers PreTrainedTokenizerBase (fast or slow)
+
+
+def get_tokenizer(path: str | Path, *, trust_remote_code: bool = False, **kwargs: Any) -> AnyTokenizer:
+    """Loads the Hugging Face tokenizer in the local folder ``path`` (``local_files_only=True``).
+
+    Raises :class:`~vllite.exceptions.ModelLoadError` naming the folder when it does not exist, holds no
+    tokenizer files, or transformers cannot load them.
+    """
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise ModelLoadError(
+            f"Tokenizer folder {str(folder)!r} does not exist "
+            "(vllite loads tokenizers from local folders only)."
+        )
+    present = [name for name in TOKENIZER_FILES if (folder / name).is_file()]
+    if not present:
+        raise ModelLoadError(
+            f"No tokenizer files in {str(folder)!r}: expected one of {', '.join(TOKENIZER_FILES)}. "
+            "Pass --tokenizer to point at another folder, or --skip-tokenizer-init to work with token ids."
+        )
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(
+            str(folder), local_files_only=True, trust_remote_code=trust_remote_code, **kwargs
+        )
+    except Exception as e:
+        raise ModelLoadError(
+            f"Could not load the tokenizer in {str(folder)!r} (files: {', '.join(present)}): "
+            f"{type(e).__name__}: {e}"
+        ) from e
+
+
+def load_generation_config(path: str | Path | None) -> dict[str, Any]:
+    """The fields of ``generation_config.json`` in the model folder, or ``{}`` when there is none."""
+    if path is None:
+        return {}
+    file = Path(path).expanduser() / "generation_config.json"
+    if not file.is_file():
+        return {}
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"Could not read {str(file)!r}: {e}") from e
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{str(file)!r} must hold a JSON object.")
+    return data
+
+
+def apply_chat_template(
+    tokenizer: AnyTokenizer,
+    messages: Sequence[dict[str, Any]],
+    *,
+    add_generation_prompt: bool = True,
+    **kwargs: Any,
+) -> list[int]:
+    """Renders a conversation with the tokenizer's chat template and returns its token ids.
+
+    Raises ``ValueError`` when there is no tokenizer or the tokenizer has no chat template.
+    """
+    if tokenizer is None:
+        raise ValueError("apply_chat_template needs a tokenizer; this engine was started without one.")
+    if kwargs.get("chat_template") is None and not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            f"The tokenizer {getattr(tokenizer, 'name_or_path', '') or type(tokenizer).__name__!r} has no "
+            "chat template; pass chat_template=... or use a plain text prompt."
+        )
+    result = tokenizer.apply_chat_template(
+        list(messages), tokenize=True, add_generation_prompt=add_generation_prompt, **kwargs
+    )
+    if isinstance(result, dict) or hasattr(result, "input_ids"):
+        result = result["input_ids"]
+    return [int(t) for t in result]
+
+
+def build_tiny_tokenizer(
+    corpus: Iterable[str],
+    *,
+    vocab_size: int = 300,
+    chat_template: str | None = None,
+    save_dir: str | Path | None = None,
+) -> AnyTokenizer:
+    """Trains a byte-level BPE tokenizer on ``corpus`` in memory (milliseconds; for tests and the demo model).
+
+    Special tokens: ``<pad>`` (0), ``<s>`` (1, bos), ``</s>`` (2, eos). Byte-level, so every string encodes
+    and multi-byte characters split across tokens. Saved with ``save_pretrained`` when ``save_dir`` is given.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<pad>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(list(corpus), trainer)
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    if chat_template is not None:
+        hf.chat_template = chat_template
+    if save_dir is not None:
+        hf.save_pretrained(str(save_dir))
+    return hf
