@@ -21,15 +21,24 @@ def make_prompts(tokenizer, num_prompts: int, input_len: int, seed: int) -> list
     vocab = tokenizer.vocab_size
     special = set(tokenizer.all_special_ids)
     ids = [i for i in range(vocab) if i not in special]
-    return [[rng.choice(ids) for _ in range(rng.randint(input_len // 2, input_len))] for _ in range(num_prompts)]
+    return [
+        [rng.choice(ids) for _ in range(rng.randint(input_len // 2, input_len))] for _ in range(num_prompts)
+    ]
 
 
 def run_vllite(model: str, prompts: list[list[int]], output_len: int, args: argparse.Namespace) -> float:
     from vllite import LLM, SamplingParams
 
-    llm = LLM(model, dtype=args.dtype, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
+    llm = LLM(
+        model,
+        dtype=args.dtype,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+    )
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
-    llm.generate([{"prompt_token_ids": p} for p in prompts[:4]], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
+    llm.generate(
+        [{"prompt_token_ids": p} for p in prompts[:4]], SamplingParams(max_tokens=4), use_tqdm=False
+    )  # warm-up
     start = time.perf_counter()
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=not args.quiet)
     elapsed = time.perf_counter() - start
@@ -43,12 +52,18 @@ def run_hf(model: str, prompts: list[list[int]], output_len: int, args: argparse
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
-    dtype = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+    dtype = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[
+        args.dtype
+    ]
     hf = AutoModelForCausalLM.from_pretrained(model, torch_dtype=dtype or "auto").eval()
     if args.dtype == "auto" and next(hf.parameters()).dtype == torch.float16:
         hf = hf.float()
     config = GenerationConfig(
-        do_sample=False, max_new_tokens=output_len, min_new_tokens=output_len, pad_token_id=0, eos_token_id=None
+        do_sample=False,
+        max_new_tokens=output_len,
+        min_new_tokens=output_len,
+        pad_token_id=0,
+        eos_token_id=None,
     )
     start = time.perf_counter()
     with torch.inference_mode():
@@ -63,9 +78,13 @@ def run_hf(model: str, prompts: list[list[int]], output_len: int, args: argparse
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default=None, help="Model folder (default: the demo model).")
-    parser.add_argument("--model-preset", default=None, help="Build a random-weight model with vllite.testing (e.g. 30m).")
+    parser.add_argument(
+        "--model-preset", default=None, help="Build a random-weight model with vllite.testing (e.g. 30m)."
+    )
     parser.add_argument("--num-prompts", type=int, default=256)
     parser.add_argument("--input-len", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=128)

@@ -28,7 +28,17 @@ _LAZY = {
     "hookimpl": "vllite.hookspecs",
 }
 
-__all__ = [*_LAZY, "__version__"]
+__all__ = [
+    "LLM",
+    "AsyncLLM",
+    "SamplingParams",
+    "RequestOutputKind",
+    "RequestOutput",
+    "CompletionOutput",
+    "EngineArgs",
+    "hookimpl",
+    "__version__",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -12,11 +12,15 @@ from vllite.version import __version__
 def build_parser() -> argparse.ArgumentParser:
     from vllite.plugin_manager import get_registry
 
-    parser = argparse.ArgumentParser(prog="vllite", description="A small, plugin-centric LLM inference engine.")
+    parser = argparse.ArgumentParser(
+        prog="vllite", description="A small, plugin-centric LLM inference engine."
+    )
     parser.add_argument("--version", action="version", version=f"vllite {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, command in sorted(get_registry("commands").items()):
-        sub = subparsers.add_parser(name, help=getattr(command, "help", None), description=getattr(command, "help", None))
+        sub = subparsers.add_parser(
+            name, help=getattr(command, "help", None), description=getattr(command, "help", None)
+        )
         command.add_arguments(sub)
         sub.set_defaults(_run=command.run)
     return parser

@@ -135,8 +135,12 @@ def _help(text: str, **extra: Any) -> dict[str, Any]:
 class EngineArgs:
     """Engine arguments with vLLM's names; ``create_engine_config()`` validates and groups them."""
 
-    model: str | None = field(default=None, metadata=_help("Path to a local model folder (default: the demo model)."))
-    tokenizer: str | None = field(default=None, metadata=_help("Tokenizer folder (default: the model folder)."))
+    model: str | None = field(
+        default=None, metadata=_help("Path to a local model folder (default: the demo model).")
+    )
+    tokenizer: str | None = field(
+        default=None, metadata=_help("Tokenizer folder (default: the model folder).")
+    )
     dtype: str = field(default="auto", metadata=_help("Model dtype.", choices=DTYPES))
     max_model_len: int | None = field(default=None, metadata=_help("Context length (default: the model's)."))
     seed: int = field(default=0, metadata=_help("Seed for sampling without a per-request seed."))
@@ -145,17 +149,24 @@ class EngineArgs:
     block_size: int = field(default=16, metadata=_help("Tokens per KV-cache block."))
     enable_prefix_caching: bool = field(default=True, metadata=_help("Reuse KV blocks of shared prefixes."))
     prefix_caching_hash_algo: str = field(
-        default="sha256", metadata=_help("Block hash: sha256 (collision-resistant) or fast.", choices=HASH_ALGOS)
+        default="sha256",
+        metadata=_help("Block hash: sha256 (collision-resistant) or fast.", choices=HASH_ALGOS),
     )
-    num_gpu_blocks_override: int | None = field(default=None, metadata=_help("Use exactly this many KV blocks."))
-    gpu_memory_utilization: float = field(default=0.9, metadata=_help("Fraction of GPU memory for the engine."))
+    num_gpu_blocks_override: int | None = field(
+        default=None, metadata=_help("Use exactly this many KV blocks.")
+    )
+    gpu_memory_utilization: float = field(
+        default=0.9, metadata=_help("Fraction of GPU memory for the engine.")
+    )
     cpu_kvcache_space: float | None = field(
         default=None, metadata=_help("KV-cache GiB on the CPU (default: $VLLITE_CPU_KVCACHE_SPACE or 4).")
     )
     max_num_seqs: int = field(default=128, metadata=_help("Most requests running at once."))
     max_num_batched_tokens: int | None = field(default=None, metadata=_help("Token budget per step."))
     enable_chunked_prefill: bool = field(default=True, metadata=_help("Split long prompts across steps."))
-    long_prefill_token_threshold: int = field(default=0, metadata=_help("Cap on one prompt's tokens per step."))
+    long_prefill_token_threshold: int = field(
+        default=0, metadata=_help("Cap on one prompt's tokens per step.")
+    )
     scheduler_cls: str | None = field(
         default=None, metadata=_help("Scheduler: a registered name (fcfs, priority, ...) or pkg.mod:Class.")
     )
@@ -167,7 +178,9 @@ class EngineArgs:
     logits_processors: list[Any] | None = field(
         default=None, metadata=_help("Extra logits processors as class paths.", nargs="*")
     )
-    device: str = field(default="auto", metadata=_help("Device: auto, cpu, cuda, or a registered executor's."))
+    device: str = field(
+        default="auto", metadata=_help("Device: auto, cpu, cuda, or a registered executor's.")
+    )
     executor: str = field(default="default", metadata=_help("Executor plugin name."))
     disable_log_stats: bool = field(default=True, metadata=_help("Do not collect per-step stats."))
     plugin_config: dict[str, Any] = field(default_factory=dict, metadata={"cli": False})
@@ -214,7 +227,9 @@ class EngineArgs:
         if self.max_model_len is not None:
             _positive("max_model_len", self.max_model_len)
         if self.long_prefill_token_threshold < 0:
-            raise ValueError(f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}.")
+            raise ValueError(
+                f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}."
+            )
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.")
         if self.scheduling_policy not in SCHEDULING_POLICIES:
@@ -226,7 +241,9 @@ class EngineArgs:
         if cpu_space is None:
             cpu_space = float(os.environ.get("VLLITE_CPU_KVCACHE_SPACE", "4"))
         if cpu_space <= 0:
-            raise ValueError(f"cpu_kvcache_space (VLLITE_CPU_KVCACHE_SPACE) must be > 0 GiB, got {cpu_space}.")
+            raise ValueError(
+                f"cpu_kvcache_space (VLLITE_CPU_KVCACHE_SPACE) must be > 0 GiB, got {cpu_space}."
+            )
 
         from vllite.assets import default_model_path
 
@@ -282,6 +299,3 @@ def _cli_type(annotation: Any) -> Any:
     if text.startswith("float"):
         return float
     return str
-
-
-

@@ -22,7 +22,6 @@ from importlib import metadata
 from typing import Any
 
 import pluggy
-
 from vllite import hookspecs
 from vllite.exceptions import DuplicateComponentError, PluginLoadError, UnknownComponentError
 
@@ -42,7 +41,10 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
 
 # Component kind -> the register hook that contributes it, and the attributes a component must have.
 COMPONENT_KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "schedulers": ("vllite_register_schedulers", ("schedule", "update_from_output", "add_request", "finish_requests")),
+    "schedulers": (
+        "vllite_register_schedulers",
+        ("schedule", "update_from_output", "add_request", "finish_requests"),
+    ),
     "logits_processors": ("vllite_register_logits_processors", ("apply",)),
     "executors": ("vllite_register_executors", ("execute_model",)),
     "engine_clients": ("vllite_register_engine_clients", ("add_request", "get_output", "shutdown")),
@@ -66,7 +68,9 @@ class EntryPointInfo:
     entry_point: Any = field(repr=False, compare=False)
 
     def describe(self) -> str:
-        return f"entry point {self.name!r} ({self.value}) of distribution {self.dist_name} {self.dist_version}"
+        return (
+            f"entry point {self.name!r} ({self.value}) of distribution {self.dist_name} {self.dist_version}"
+        )
 
     def load(self) -> Any:
         """Imports the entry point; any failure becomes a ``PluginLoadError`` naming it."""
@@ -111,7 +115,9 @@ def iter_entry_points(group: str) -> list[EntryPointInfo]:
         dist_name = dist.metadata["Name"] if dist is not None else "<unknown>"
         dist_version = dist.version if dist is not None else "?"
         # The same distribution can be visible twice on sys.path (e.g. editable + build dir): keep one.
-        found.setdefault((ep.name, ep.value), EntryPointInfo(ep.name, ep.value, group, dist_name, dist_version, ep))
+        found.setdefault(
+            (ep.name, ep.value), EntryPointInfo(ep.name, ep.value, group, dist_name, dist_version, ep)
+        )
     return sorted(found.values(), key=lambda info: (info.name, info.value))
 
 
@@ -129,13 +135,16 @@ def resolve_class_path(path: str) -> Any:
         obj: Any = importlib.import_module(module_name)
     except Exception as exc:
         raise PluginLoadError(
-            f"Cannot import module {module_name!r} of class path {path!r}: {type(exc).__name__}: {exc}", plugin=path
+            f"Cannot import module {module_name!r} of class path {path!r}: {type(exc).__name__}: {exc}",
+            plugin=path,
         ) from exc
     for attr in attr_path.split("."):
         try:
             obj = getattr(obj, attr)
         except AttributeError as exc:
-            raise PluginLoadError(f"Module {module_name!r} has no attribute {attr_path!r} ({path!r}).", plugin=path) from exc
+            raise PluginLoadError(
+                f"Module {module_name!r} has no attribute {attr_path!r} ({path!r}).", plugin=path
+            ) from exc
     return obj
 
 
@@ -167,7 +176,9 @@ class PluginManager:
     # ------------------------------------------------------------------ registration
     def _register(self, plugin: Any, name: str, *, source: str, info: EntryPointInfo | None = None) -> None:
         if self.pm.has_plugin(name):
-            raise PluginLoadError(f"Two plugins are named {name!r}: {source} and an earlier one.", plugin=name)
+            raise PluginLoadError(
+                f"Two plugins are named {name!r}: {source} and an earlier one.", plugin=name
+            )
         try:
             self.pm.register(plugin, name=name)
         except pluggy.PluginValidationError as exc:
@@ -255,7 +266,10 @@ class PluginManager:
         if previous is not None:
             if previous.builtin and not component.builtin:
                 logger.info(
-                    "%s overrides the builtin %s %r", self.describe_plugin(component.plugin), kind[:-1], component.name
+                    "%s overrides the builtin %s %r",
+                    self.describe_plugin(component.plugin),
+                    kind[:-1],
+                    component.name,
                 )
             else:
                 raise DuplicateComponentError(
@@ -277,8 +291,9 @@ class PluginManager:
             return registry[name_or_path].obj
         if looks_like_class_path(name_or_path):
             return resolve_class_path(name_or_path)
+        available = ", ".join(sorted(registry)) or "none"
         raise UnknownComponentError(
-            f"Unknown {kind[:-1].replace('_', ' ')} {name_or_path!r}. Available: {', '.join(sorted(registry)) or 'none'}"
+            f"Unknown {kind[:-1].replace('_', ' ')} {name_or_path!r}. Available: {available}"
             " (or give a class path like 'pkg.mod:Class')."
         )
 

@@ -89,7 +89,9 @@ class Request:
         self._output_token_ids: list[int] = []
         self._all_token_ids: list[int] = list(self.prompt_token_ids)
         self.spec_token_ids: list[int] = []
-        self.max_tokens: int = sampling_params.max_tokens if sampling_params.max_tokens is not None else 1 << 62
+        self.max_tokens: int = (
+            sampling_params.max_tokens if sampling_params.max_tokens is not None else 1 << 62
+        )
 
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None

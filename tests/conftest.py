@@ -11,7 +11,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Keep tests from loading whatever third-party plugins happen to be installed, unless a test asks.
 os.environ.setdefault("VLLITE_ENABLE_MULTIPROCESSING", "0")
 
-import pytest  # noqa: E402
+import pytest
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

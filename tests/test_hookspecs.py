@@ -5,7 +5,6 @@ from __future__ import annotations
 import inspect
 
 import pytest
-
 from vllite import hookspecs
 
 HOOKS = [name for name, obj in vars(hookspecs).items() if name.startswith("vllite_") and callable(obj)]
@@ -13,9 +12,16 @@ HOOKS = [name for name, obj in vars(hookspecs).items() if name.startswith("vllit
 
 def test_all_design_hooks_exist():
     expected = {
-        "vllite_register_schedulers", "vllite_register_logits_processors", "vllite_register_executors",
-        "vllite_register_engine_clients", "vllite_register_kv_connectors", "vllite_register_tool_call_estimators",
-        "vllite_register_tool_parsers", "vllite_register_models", "vllite_register_commands", "vllite_step_observer",
+        "vllite_register_schedulers",
+        "vllite_register_logits_processors",
+        "vllite_register_executors",
+        "vllite_register_engine_clients",
+        "vllite_register_kv_connectors",
+        "vllite_register_tool_call_estimators",
+        "vllite_register_tool_parsers",
+        "vllite_register_models",
+        "vllite_register_commands",
+        "vllite_step_observer",
     }
     assert expected <= set(HOOKS)
 

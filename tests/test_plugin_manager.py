@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-
-from tests.plugin_utils import forget_modules, make_distribution
 from vllite import plugin_manager
 from vllite.exceptions import DuplicateComponentError, PluginLoadError, UnknownComponentError
+
+from tests.plugin_utils import forget_modules, make_distribution
 
 SCHEDULER_PLUGIN = """
 from vllite import hookimpl
@@ -38,7 +38,10 @@ def plugin_root(tmp_path, monkeypatch):
 def _scheduler_dist(root, dist, module, sched_name, cls="Sched"):
     forget_modules(module)
     make_distribution(
-        root, dist, {"vllite": {dist: module}}, {module: SCHEDULER_PLUGIN.format(cls=cls, sched_name=sched_name)}
+        root,
+        dist,
+        {"vllite": {dist: module}},
+        {module: SCHEDULER_PLUGIN.format(cls=cls, sched_name=sched_name)},
     )
 
 
@@ -75,7 +78,9 @@ def test_disable_autoload(plugin_root, monkeypatch):
 def test_import_error_names_distribution_and_entry_point(plugin_root):
     forget_modules("broken_plugin_mod")
     make_distribution(
-        plugin_root, "broken-dist", {"vllite": {"broken": "broken_plugin_mod"}},
+        plugin_root,
+        "broken-dist",
+        {"vllite": {"broken": "broken_plugin_mod"}},
         {"broken_plugin_mod": "raise RuntimeError('boom at import')\n"},
     )
     with pytest.raises(PluginLoadError) as info:
@@ -97,8 +102,12 @@ def test_duplicate_scheduler_name_names_both(plugin_root):
 def test_misspelt_hook_fails_at_start(plugin_root):
     forget_modules("typo_mod")
     make_distribution(
-        plugin_root, "typo-dist", {"vllite": {"typo": "typo_mod"}},
-        {"typo_mod": "from vllite import hookimpl\n@hookimpl\ndef vllite_register_schedulerz(register):\n    pass\n"},
+        plugin_root,
+        "typo-dist",
+        {"vllite": {"typo": "typo_mod"}},
+        {
+            "typo_mod": "from vllite import hookimpl\n@hookimpl\ndef vllite_register_schedulerz(register):\n    pass\n"
+        },
     )
     with pytest.raises(PluginLoadError, match="vllite_register_schedulerz"):
         plugin_manager.get_plugin_manager()
@@ -136,7 +145,10 @@ def test_bad_class_paths(path):
 
 def test_iter_entry_points_filter(plugin_root, monkeypatch):
     make_distribution(
-        plugin_root, "lp-dist", {"vllm.logits_processors": {"one": "m:A", "two": "m:B"}}, {"m": "A = B = object\n"}
+        plugin_root,
+        "lp-dist",
+        {"vllm.logits_processors": {"one": "m:A", "two": "m:B"}},
+        {"m": "A = B = object\n"},
     )
     names = [ep.name for ep in plugin_manager.iter_entry_points("vllm.logits_processors")]
     assert {"one", "two"} <= set(names)

@@ -108,7 +108,9 @@ class InprocClient(EngineCoreClient):
 
     def call_utility(self, method: str, *args: Any) -> Any:
         if method not in UTILITY_METHODS:
-            raise ValueError(f"Unknown or disallowed engine utility {method!r}; allowed: {', '.join(sorted(UTILITY_METHODS))}.")
+            raise ValueError(
+                f"Unknown or disallowed engine utility {method!r}; allowed: {', '.join(sorted(UTILITY_METHODS))}."
+            )
         return getattr(self.engine_core, method)(*args)
 
     def shutdown(self) -> None:
@@ -121,8 +123,13 @@ def multiprocessing_enabled() -> bool:
     return os.environ.get("VLLITE_ENABLE_MULTIPROCESSING", "1").strip() not in ("0", "false", "False")
 
 
-def make_client(config: EngineConfig, *, multiprocess: bool | None = None, asyncio_mode: bool = False,
-                log_stats: bool | None = None) -> EngineCoreClient:
+def make_client(
+    config: EngineConfig,
+    *,
+    multiprocess: bool | None = None,
+    asyncio_mode: bool = False,
+    log_stats: bool | None = None,
+) -> EngineCoreClient:
     """Builds the engine client: ``mp`` (or ``async_mp``) when enabled and registered, else in-process."""
     from vllite.plugin_manager import get_registry
 
@@ -132,6 +139,8 @@ def make_client(config: EngineConfig, *, multiprocess: bool | None = None, async
     name = ("async_mp" if asyncio_mode else "mp") if multiprocess else "inprocess"
     if name not in clients:
         if asyncio_mode:
-            raise ValueError("The async engine needs the multiprocess engine-client plugin ('async_mp'), not found.")
+            raise ValueError(
+                "The async engine needs the multiprocess engine-client plugin ('async_mp'), not found."
+            )
         name = "inprocess"
     return clients[name](config, log_stats=log_stats)

@@ -31,7 +31,12 @@ class LLM:
         **kwargs: Any,
     ) -> None:
         engine_args = EngineArgs(
-            model=model, tokenizer=tokenizer, dtype=dtype, seed=seed, logits_processors=logits_processors, **kwargs
+            model=model,
+            tokenizer=tokenizer,
+            dtype=dtype,
+            seed=seed,
+            logits_processors=logits_processors,
+            **kwargs,
         )
         self._init_engine(engine_args)
 
@@ -110,7 +115,9 @@ class LLM:
         try:
             for i, (prompt, params) in enumerate(zip(prompts, params_list)):
                 request_id = str(next(self._counter))
-                self.llm_engine.add_request(request_id, prompt, params, priority=priority[i] if priority else 0)
+                self.llm_engine.add_request(
+                    request_id, prompt, params, priority=priority[i] if priority else 0
+                )
                 added.append(request_id)
         except Exception:
             # One bad prompt fails the call, but leaves nothing half-submitted behind.

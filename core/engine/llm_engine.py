@@ -11,6 +11,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import msgspec
 from vllite.config import EngineArgs, EngineConfig
 from vllite.outputs import RequestOutput
 from vllite.sampling_params import SamplingParams
@@ -35,14 +36,16 @@ class LLMEngine:
         self.tokenizer = (
             None
             if model_config.skip_tokenizer_init
-            else get_tokenizer(model_config.tokenizer or model_config.model, trust_remote_code=model_config.trust_remote_code)
+            else get_tokenizer(
+                model_config.tokenizer or model_config.model, trust_remote_code=model_config.trust_remote_code
+            )
         )
         # Loaded here too (not only in the executor) so bad per-request arguments fail at submit time.
         self.logitsproc_classes = load_logitsproc_classes(config)
         self.engine_core = make_client(config, multiprocess=multiprocess, log_stats=log_stats)
         if self.engine_core.max_model_len is not None:
             config.set_max_model_len(self.engine_core.max_model_len)
-        self.input_processor = InputProcessor(config, self.tokenizer, logitsproc_classes=self.logitsproc_classes)
+        self.input_processor = InputProcessor(config, self.tokenizer)
         self.output_processor = OutputProcessor(self.tokenizer, log_stats=bool(log_stats))
 
     @classmethod
@@ -60,22 +63,26 @@ class LLMEngine:
         priority: int = 0,
     ) -> str:
         """Validates and submits one prompt; returns the request id. Raises ``ValueError`` on bad input."""
+        from vllite.engine.input_processor import InputProcessor, extract_prompt_text
         from vllite.engine.parallel_sampling import ParentRequest
+        from vllite.logits_processor import validate_sampling_params
 
         params = params or SamplingParams()
         request = self.input_processor.process_inputs(
             request_id, prompt, params, arrival_time=arrival_time or time.time(), priority=priority
         )
-        prompt_text = prompt if isinstance(prompt, str) else (prompt.get("prompt") if isinstance(prompt, Mapping) else None)
-        n = request.params.n
-        if n == 1:
+        # Every loaded logits processor checks its per-request arguments now, not mid-batch.
+        validate_sampling_params(self.logitsproc_classes, request.params)
+        InputProcessor.assign_request_id(request)
+        prompt_text = extract_prompt_text(prompt)
+        if request.params.n == 1:
             self.output_processor.add_request(request, prompt_text)
             self.engine_core.add_request(request)
             return request_id
         parent = ParentRequest(request)
-        for index in range(n):
+        for index in range(request.params.n):
             child_id, child_params = parent.get_child_info(index)
-            child = _copy_request(request, child_id, child_params)
+            child = msgspec.structs.replace(request, request_id=child_id, sampling_params=child_params)
             self.output_processor.add_request(child, prompt_text, parent, index)
             self.engine_core.add_request(child)
         return request_id
@@ -111,9 +118,3 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         self.engine_core.shutdown()
-
-
-def _copy_request(request: Any, request_id: str, params: SamplingParams) -> Any:
-    import msgspec
-
-    return msgspec.structs.replace(request, request_id=request_id, sampling_params=params)
