@@ -1,0 +1,34 @@
+"""Scheduling: the token-budget algorithm (``Scheduler``), its interface, queues and per-step output.
+
+Policies (``fcfs``, ``priority``, ``continuum``, third-party ones) are subclasses of ``Scheduler`` that override a
+few decisions; they are registered through ``vllite_register_schedulers`` and built by :func:`create_scheduler`.
+"""
+
+from vllite.sched.factory import create_scheduler, resolve_scheduler_cls
+from vllite.sched.interface import PauseState, SchedulerInterface
+from vllite.sched.output import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
+from vllite.sched.request_queue import (
+    FCFSRequestQueue,
+    PriorityRequestQueue,
+    RequestQueue,
+    create_request_queue,
+)
+from vllite.sched.scheduler import Scheduler
+from vllite.sched.stop import check_stop
+
+__all__ = [
+    "CachedRequestData",
+    "FCFSRequestQueue",
+    "ModelRunnerOutput",
+    "NewRequestData",
+    "PauseState",
+    "PriorityRequestQueue",
+    "RequestQueue",
+    "Scheduler",
+    "SchedulerInterface",
+    "SchedulerOutput",
+    "check_stop",
+    "create_request_queue",
+    "create_scheduler",
+    "resolve_scheduler_cls",
+]

@@ -1,0 +1,168 @@
+"""Waiting queues: the order in which the scheduler admits requests.
+
+``FCFSRequestQueue`` admits in arrival order and puts preempted requests back at the head; ``PriorityRequestQueue``
+admits the lowest ``(priority, arrival_time, request_id)`` first, wherever a request came from. A policy plugin
+with its own order subclasses :class:`RequestQueue` and returns it from ``Scheduler.create_waiting_queue``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Iterable, Iterator
+
+from vllite.request import Request
+
+
+class RequestQueue(ABC):
+    """A queue of waiting requests; ``peek_request`` is what the scheduler would admit next."""
+
+    @abstractmethod
+    def add_request(self, request: Request) -> None:
+        """Adds a newly arrived request in the queue's order."""
+
+    @abstractmethod
+    def pop_request(self) -> Request:
+        """Removes and returns the next request; ``IndexError`` when empty."""
+
+    @abstractmethod
+    def peek_request(self) -> Request:
+        """Returns the next request without removing it; ``IndexError`` when empty."""
+
+    @abstractmethod
+    def prepend_request(self, request: Request) -> None:
+        """Puts back a request that was already admitted once (preempted): as early as the order allows."""
+
+    @abstractmethod
+    def remove_request(self, request: Request) -> None:
+        """Removes one request (abort, or stop of a preempted request); ``ValueError`` if absent."""
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+    @abstractmethod
+    def __iter__(self) -> Iterator[Request]:
+        """The requests in admission order (a snapshot)."""
+
+    def __bool__(self) -> bool:
+        return len(self) > 0
+
+    def __contains__(self, request: object) -> bool:
+        return any(r is request for r in self)
+
+    def prepend_requests(self, requests: Iterable[Request]) -> None:
+        """Prepends each request in turn (for FCFS the last one given ends up first)."""
+        for request in requests:
+            self.prepend_request(request)
+
+    def remove_requests(self, requests: Iterable[Request]) -> None:
+        """Removes several requests; absent ones are ignored."""
+        for request in requests:
+            if request in self:
+                self.remove_request(request)
+
+
+class FCFSRequestQueue(RequestQueue):
+    """First come, first served: a deque; preempted requests go back to the head. All operations O(1) except
+    removal from the middle."""
+
+    def __init__(self) -> None:
+        self._queue: deque[Request] = deque()
+
+    def add_request(self, request: Request) -> None:
+        self._queue.append(request)
+
+    def pop_request(self) -> Request:
+        if not self._queue:
+            raise IndexError("pop from an empty queue")
+        return self._queue.popleft()
+
+    def peek_request(self) -> Request:
+        if not self._queue:
+            raise IndexError("peek from an empty queue")
+        return self._queue[0]
+
+    def prepend_request(self, request: Request) -> None:
+        self._queue.appendleft(request)
+
+    def remove_request(self, request: Request) -> None:
+        for i, queued in enumerate(self._queue):
+            if queued is request:
+                del self._queue[i]
+                return
+        raise ValueError(f"request {request.request_id!r} is not in the queue")
+
+    def remove_requests(self, requests: Iterable[Request]) -> None:
+        drop = {id(r) for r in requests}
+        if drop:
+            self._queue = deque(r for r in self._queue if id(r) not in drop)
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter(list(self._queue))
+
+
+class PriorityRequestQueue(RequestQueue):
+    """A min-heap on ``(priority, arrival_time, request_id)``: lower priority values run first, then earlier
+    arrivals. There is no head to prepend to, so a preempted request simply re-enters in its heap position.
+    Push and pop are O(log n); removal is O(n)."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, float, str, int, Request]] = []
+        self._tiebreak = itertools.count()
+
+    def _entry(self, request: Request) -> tuple[int, float, str, int, Request]:
+        return (request.priority, request.arrival_time, request.request_id, next(self._tiebreak), request)
+
+    def add_request(self, request: Request) -> None:
+        heapq.heappush(self._heap, self._entry(request))
+
+    def pop_request(self) -> Request:
+        if not self._heap:
+            raise IndexError("pop from empty heap")
+        return heapq.heappop(self._heap)[-1]
+
+    def peek_request(self) -> Request:
+        if not self._heap:
+            raise IndexError("peek from empty heap")
+        return self._heap[0][-1]
+
+    def prepend_request(self, request: Request) -> None:
+        self.add_request(request)
+
+    def remove_request(self, request: Request) -> None:
+        for i, entry in enumerate(self._heap):
+            if entry[-1] is request:
+                self._heap[i] = self._heap[-1]
+                self._heap.pop()
+                heapq.heapify(self._heap)
+                return
+        raise ValueError(f"request {request.request_id!r} is not in the queue")
+
+    def remove_requests(self, requests: Iterable[Request]) -> None:
+        drop = {id(r) for r in requests}
+        if drop:
+            self._heap = [e for e in self._heap if id(e[-1]) not in drop]
+            heapq.heapify(self._heap)
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def __iter__(self) -> Iterator[Request]:
+        return (entry[-1] for entry in sorted(self._heap))
+
+    def __contains__(self, request: object) -> bool:
+        return any(entry[-1] is request for entry in self._heap)
+
+
+def create_request_queue(policy: str) -> RequestQueue:
+    """The queue for a builtin policy name: ``fcfs`` or ``priority``."""
+    if policy == "fcfs":
+        return FCFSRequestQueue()
+    if policy == "priority":
+        return PriorityRequestQueue()
+    raise ValueError(f"Unknown scheduling policy: {policy!r} (known: fcfs, priority).")

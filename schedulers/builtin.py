@@ -1,0 +1,15 @@
+"""The builtin scheduler plugin: registers ``fcfs`` and ``priority`` through the same hook third parties use."""
+
+from __future__ import annotations
+
+from vllite.hookspecs import Register, hookimpl
+
+
+@hookimpl
+def vllite_register_schedulers(register: Register) -> None:
+    """Registers ``fcfs`` (FCFSScheduler) and ``priority`` (PriorityScheduler)."""
+    from vllite.schedulers.fcfs import FCFSScheduler
+    from vllite.schedulers.priority import PriorityScheduler
+
+    register("fcfs", FCFSScheduler)
+    register("priority", PriorityScheduler)
