@@ -7,6 +7,7 @@ scheduler works with (``num_computed_tokens`` above all) and the chained block h
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -38,15 +39,20 @@ class RequestStatus(enum.IntEnum):
 
     @staticmethod
     def get_finished_reason(status: RequestStatus) -> FinishReason | None:
-        from vllite.protocol import FinishReason
+        return _finished_reasons().get(status)
 
-        return {
-            RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
-            RequestStatus.FINISHED_LENGTH_CAPPED: FinishReason.LENGTH,
-            RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
-            RequestStatus.FINISHED_IGNORED: FinishReason.LENGTH,
-            RequestStatus.FINISHED_ERROR: FinishReason.ERROR,
-        }.get(status)
+
+@functools.cache
+def _finished_reasons() -> dict[RequestStatus, FinishReason]:
+    from vllite.protocol import FinishReason
+
+    return {
+        RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
+        RequestStatus.FINISHED_LENGTH_CAPPED: FinishReason.LENGTH,
+        RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
+        RequestStatus.FINISHED_IGNORED: FinishReason.LENGTH,
+        RequestStatus.FINISHED_ERROR: FinishReason.ERROR,
+    }
 
 
 BlockHasher = Callable[["Request"], list[bytes]]

@@ -102,6 +102,7 @@ class Scheduler(OutputUpdateMixin, SchedulerInterface):
         self._pause_state = PauseState.UNPAUSED
         self.step_counter = 0
         self._num_preemptions_since_stats = 0
+        self.num_preemptions_total = 0  # cumulative, for tests and benchmarks
         if step_observer is _FROM_PLUGINS:
             from vllite.plugin_manager import get_hook_caller
 
@@ -371,6 +372,7 @@ class Scheduler(OutputUpdateMixin, SchedulerInterface):
             request.spec_token_ids = []
         request.num_preemptions += 1
         self._num_preemptions_since_stats += 1
+        self.num_preemptions_total += 1
         if self.log_stats:
             request.record_event(EngineCoreEventType.PREEMPTED, timestamp)
         self.waiting.prepend_request(request)
