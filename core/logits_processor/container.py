@@ -1,0 +1,63 @@
+"""``LogitsProcessors``: the engine's processors, split by whether they can change the argmax."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from itertools import chain
+from typing import TYPE_CHECKING
+
+from vllite.logits_processor.interface import BatchUpdate, LogitsProcessor
+
+if TYPE_CHECKING:
+    import torch
+
+
+class LogitsProcessors:
+    """Holds the processor instances of one engine, split once by ``is_argmax_invariant()``.
+
+    ``non_argmax_invariant`` processors may change the greedy choice, so the sampler runs them before argmax;
+    ``argmax_invariant`` ones only reshape the distribution and run after greedy rows are decided (after
+    temperature). Each list keeps construction order. The split is decided at construction and never revised.
+
+    Use from the model runner, once per step::
+
+        procs.update_state(builder.get_and_reset(num_reqs))   # every step, also when the update is None
+        logits = procs.apply_non_argmax_invariant(logits)     # before greedy argmax
+        ...                                                   # temperature
+        logits = procs.apply_argmax_invariant(logits)         # before random sampling
+    """
+
+    def __init__(self, logitsprocs: Iterable[LogitsProcessor] | None = None) -> None:
+        self.argmax_invariant: list[LogitsProcessor] = []
+        self.non_argmax_invariant: list[LogitsProcessor] = []
+        for proc in logitsprocs or ():
+            (self.argmax_invariant if proc.is_argmax_invariant() else self.non_argmax_invariant).append(proc)
+
+    @property
+    def all(self) -> Iterator[LogitsProcessor]:
+        """Every processor, argmax-invariant ones first; a fresh iterator on each access."""
+        return chain(self.argmax_invariant, self.non_argmax_invariant)
+
+    def __len__(self) -> int:
+        return len(self.argmax_invariant) + len(self.non_argmax_invariant)
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        """Hands one step's update (or ``None``) to every processor; call it every step before the forward."""
+        for proc in self.all:
+            proc.update_state(batch_update)
+
+    def apply_non_argmax_invariant(self, logits: torch.Tensor) -> torch.Tensor:
+        """Runs the processors that may change the argmax, in order; call before greedy sampling."""
+        for proc in self.non_argmax_invariant:
+            logits = proc.apply(logits)
+        return logits
+
+    def apply_argmax_invariant(self, logits: torch.Tensor) -> torch.Tensor:
+        """Runs the argmax-invariant processors, in order; call after temperature, before random sampling."""
+        for proc in self.argmax_invariant:
+            logits = proc.apply(logits)
+        return logits
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """Runs every processor: the non-argmax-invariant ones first, then the argmax-invariant ones."""
+        return self.apply_argmax_invariant(self.apply_non_argmax_invariant(logits))
