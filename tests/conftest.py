@@ -8,6 +8,8 @@ import os
 if not os.environ.get("CUDA_VISIBLE_DEVICES") and not os.path.exists("/dev/nvidia0"):
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Tests use tiny shapes: one intra-op thread avoids OpenMP spin contention on small CI machines.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Keep tests from loading whatever third-party plugins happen to be installed, unless a test asks.
 os.environ.setdefault("VLLITE_ENABLE_MULTIPROCESSING", "0")
 
