@@ -1,0 +1,125 @@
+"""The executor interface: what the engine core calls to run the model.
+
+An executor owns the model and the KV cache. ``EngineCore`` creates it with the engine config (creation loads
+the model and fixes ``model_config.max_model_len``), asks it to size and allocate the KV cache, then calls
+``execute_model`` once per step with the scheduler's output. Executors are plugins: they are contributed
+through the ``vllite_register_executors`` hook and selected with ``--executor NAME`` (or ``--device``).
+
+This module imports no torch, so ``import vllite.executor`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vllite.config import EngineConfig
+    from vllite.sched.output import ModelRunnerOutput, SchedulerOutput
+
+logger = logging.getLogger(__name__)
+
+FailureCallback = Callable[[], None]
+
+
+class Executor(ABC):
+    """Runs the model for the engine core; one instance per engine core.
+
+    Life cycle: ``__init__(config)`` loads the model and fills ``config.model_config.hf_config`` and
+    ``max_model_len``; ``initialize_kv_cache()`` allocates the KV cache and returns its block count (also stored
+    in ``config.cache_config.num_gpu_blocks``); then ``execute_model(scheduler_output)`` runs once per step.
+    ``execute_model`` raises when the forward pass fails; the engine turns that into an error for the caller.
+
+    Subclasses implement ``_init_executor``, ``initialize_kv_cache``, ``execute_model`` and ``shutdown``; the
+    sleep, health and failure-callback plumbing here is usable as is.
+    """
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self._failure_callbacks: list[FailureCallback] = []
+        self._sleep_level = 0
+        self._failed = False
+        self._init_executor()
+
+    # ------------------------------------------------------------------ to implement
+    @abstractmethod
+    def _init_executor(self) -> None:
+        """Loads the model; fills ``config.model_config.hf_config`` and calls ``config.set_max_model_len``."""
+
+    @abstractmethod
+    def initialize_kv_cache(self) -> int:
+        """Sizes and allocates the KV cache; sets and returns ``config.cache_config.num_gpu_blocks``."""
+
+    @abstractmethod
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """Runs one step: applies the schedule to the persistent batch, runs the model, samples."""
+
+    @abstractmethod
+    def shutdown(self) -> None:
+        """Releases the model and the KV cache. Safe to call twice."""
+
+    # ------------------------------------------------------------------ shared behaviour
+    @property
+    def max_concurrent_batches(self) -> int:
+        """How many batches may be in flight at once (the engine's batch-queue depth); 1 = synchronous."""
+        return 1
+
+    def register_failure_callback(self, callback: FailureCallback) -> None:
+        """Registers ``callback()``, called once when the executor fails in a way it cannot recover from.
+
+        If the executor already failed, the callback is called immediately.
+        """
+        if self._failed:
+            callback()
+        else:
+            self._failure_callbacks.append(callback)
+
+    def _report_failure(self) -> None:
+        """Marks the executor failed and notifies every registered callback (each at most once)."""
+        if self._failed:
+            return
+        self._failed = True
+        callbacks, self._failure_callbacks = self._failure_callbacks, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:  # a callback must not mask the failure being reported
+                logger.exception("Executor failure callback raised")
+
+    def check_health(self) -> None:
+        """Raises ``RuntimeError`` if the executor has failed; returns ``None`` when healthy."""
+        if self._failed:
+            raise RuntimeError("The executor has failed; see the log above for the cause.")
+
+    @property
+    def is_sleeping(self) -> bool:
+        """True between ``sleep(level >= 1)`` and the ``wake_up`` that restores everything."""
+        return self._sleep_level > 0
+
+    def sleep(self, level: int = 1) -> None:
+        """Frees device memory: level 1 offloads the weights and discards the KV cache; level 2 discards both.
+
+        Level 0 is a no-op (scheduling-only pause, handled by the engine core). Sleeping twice is a no-op.
+        """
+        if level not in (0, 1, 2):
+            raise ValueError(f"sleep level must be 0, 1 or 2, got {level!r}.")
+        if level == 0 or self.is_sleeping:
+            return
+        self._sleep(level)
+        self._sleep_level = level
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Restores what ``sleep`` freed; ``tags`` (``"weights"``, ``"kv_cache"``) restore a part, None = all."""
+        if not self.is_sleeping:
+            return
+        self._wake_up(tags)
+
+    def _sleep(self, level: int) -> None:
+        """Executor-specific part of ``sleep``; the default keeps everything in place."""
+        logger.info("%s does not free memory on sleep(level=%d)", type(self).__name__, level)
+
+    def _wake_up(self, tags: list[str] | None) -> None:
+        """Executor-specific part of ``wake_up``; must reset ``_sleep_level`` to 0 when fully awake."""
+        self._sleep_level = 0

@@ -1,0 +1,162 @@
+"""Paged attention for transformers models: our function behind ``attn_implementation="vllite_paged"``.
+
+The model runner runs a transformers model over a *packed* batch (``input_ids`` of shape ``[1, num_tokens]``,
+per-token ``position_ids``) with ``use_cache=False``. Before the forward pass it publishes the step's
+:class:`AttentionMetadata` and the per-layer KV caches with :func:`forward_context`; every attention layer then
+calls :func:`paged_attention_forward`, which writes the layer's new keys and values into the paged cache and
+attends over each sequence's cached context.
+
+transformers builds no attention mask for an attention implementation it does not know a mask function for
+(``masking_utils._preprocess_mask_arguments`` exits early), so no ``O(num_tokens^2)`` mask is created; the kernel
+applies causality per sequence from the metadata.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+ATTN_IMPLEMENTATION = "vllite_paged"
+
+KVCache = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class AttentionMetadata:
+    """Per-step layout of the packed batch, shared by every layer.
+
+    ``slot_mapping[t]`` is the cache slot (``block_id * block_size + offset``) of token ``t`` (-1 = do not write);
+    ``block_tables[s]`` the blocks of sequence ``s``; ``seq_lens[s]`` its context length including this step's
+    tokens; ``query_start_loc[s]:query_start_loc[s + 1]`` its tokens in the packed batch.
+    """
+
+    slot_mapping: torch.Tensor  # [num_tokens] int64
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
+    seq_lens: torch.Tensor  # [num_seqs] int32
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32
+    max_query_len: int
+    max_seq_len: int
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.slot_mapping.shape[0])
+
+
+@dataclass
+class _ForwardContext:
+    metadata: AttentionMetadata
+    kv_caches: Sequence[KVCache]
+    num_calls: int = 0  # attention calls in this forward (the runner checks every layer came through us)
+
+
+_local = threading.local()
+
+
+@contextmanager
+def forward_context(metadata: AttentionMetadata, kv_caches: Sequence[KVCache]) -> Iterator[_ForwardContext]:
+    """Publishes the step's metadata and KV caches to the attention layers for the duration of a forward."""
+    previous = getattr(_local, "ctx", None)
+    ctx = _local.ctx = _ForwardContext(metadata, kv_caches)
+    try:
+        yield ctx
+    finally:
+        _local.ctx = previous
+
+
+def get_forward_context() -> _ForwardContext:
+    """The context set by :func:`forward_context`; raises if the model runs outside one."""
+    ctx = getattr(_local, "ctx", None)
+    if ctx is None:
+        raise RuntimeError(
+            f"attn_implementation={ATTN_IMPLEMENTATION!r} needs the attention metadata of a vllite model runner; "
+            "the model was called outside vllite.plugins.executor.attention.forward_context()."
+        )
+    return ctx
+
+
+# The kernels (vllite.kernels), resolved on first use so this module imports without them.
+_kernels: tuple[Callable[..., Any], Callable[..., Any]] | None = None
+
+
+def set_kernels(reshape_and_cache: Callable[..., Any], paged_attention: Callable[..., Any]) -> None:
+    """Overrides the cache-write and attention kernels (tests, alternative backends)."""
+    global _kernels
+    _kernels = (reshape_and_cache, paged_attention)
+
+
+def get_kernels() -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """``(reshape_and_cache, paged_attention)`` from ``vllite.kernels`` unless overridden."""
+    global _kernels
+    if _kernels is None:
+        from vllite.kernels import paged_attention, reshape_and_cache
+
+        _kernels = (reshape_and_cache, paged_attention)
+    return _kernels
+
+
+def paged_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention function: ``query [1, heads, T, dim]``, ``key/value [1, kv_heads, T, dim]``.
+
+    Writes ``key``/``value`` into layer ``module.layer_idx``'s cache, attends causally per sequence, and returns
+    ``([1, T, heads, dim], None)`` as transformers expects. ``attention_mask`` is ignored (causality comes from
+    the metadata); ``scaling``, ``sliding_window`` and ``softcap`` fall back to the module's attributes.
+    """
+    ctx = get_forward_context()
+    ctx.num_calls += 1
+    md = ctx.metadata
+    layer_idx = getattr(module, "layer_idx", None)
+    if layer_idx is None:
+        raise RuntimeError(f"{type(module).__name__} has no layer_idx; vllite cannot find its KV cache.")
+    key_cache, value_cache = ctx.kv_caches[layer_idx]
+    if query.shape[0] != 1:
+        raise ValueError(f"vllite runs a packed batch of shape [1, num_tokens]; got batch size {query.shape[0]}.")
+    if scaling is None:
+        scaling = getattr(module, "scaling", None) or query.shape[-1] ** -0.5
+    if sliding_window is None:
+        sliding_window = getattr(module, "sliding_window", None)
+    if softcap is None:
+        softcap = getattr(module, "attn_logit_softcapping", None)
+
+    reshape_and_cache, paged_attention = get_kernels()
+    q = query[0].transpose(0, 1)  # [T, heads, dim]
+    k = key[0].transpose(0, 1).to(key_cache.dtype)
+    v = value[0].transpose(0, 1).to(value_cache.dtype)
+    reshape_and_cache(k, v, key_cache, value_cache, md.slot_mapping)
+    out = paged_attention(
+        q.to(key_cache.dtype).contiguous(),
+        key_cache,
+        value_cache,
+        md.block_tables,
+        md.seq_lens,
+        md.query_start_loc,
+        max_query_len=md.max_query_len,
+        max_seq_len=md.max_seq_len,
+        scale=float(scaling),
+        sliding_window=int(sliding_window) if sliding_window else None,
+        softcap=float(softcap) if softcap else None,
+    )
+    return out.to(query.dtype).unsqueeze(0), None
+
+
+def register_attention() -> str:
+    """Registers :func:`paged_attention_forward` with transformers (idempotent); returns the implementation name."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_IMPLEMENTATION, paged_attention_forward)
+    return ATTN_IMPLEMENTATION

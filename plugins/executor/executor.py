@@ -1,0 +1,200 @@
+"""``DefaultExecutor``: runs a transformers model in this process, on the CPU or one CUDA device.
+
+KV-cache sizing (issue 3's rules): ``num_gpu_blocks_override`` wins; on the CPU the budget is
+``cache_config.cpu_kvcache_space_gib`` (else ``VLLITE_CPU_KVCACHE_SPACE``, else 4 GiB); on CUDA it is
+``gpu_memory_utilization x total`` minus what is in use after loading and the peak activations of a profiling
+forward pass. One sequence of ``max_model_len`` tokens must fit, else ``KVCacheMemoryError`` says what to change.
+
+Sleep: level 1 moves the weights to the CPU and frees the KV cache; level 2 frees both (weights are reloaded
+from the model folder on wake-up). ``wake_up(["weights"])`` / ``wake_up(["kv_cache"])`` restore one part.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+
+import torch
+from vllite.exceptions import ModelLoadError
+from vllite.executor import Executor
+from vllite.kv_cache.sizing import (
+    cpu_kvcache_space_bytes,
+    determine_num_blocks,
+    gpu_kvcache_space_bytes,
+    kv_cache_bytes_per_token,
+)
+from vllite.plugins.executor.model_loader import load_hf_config, load_model, model_spec, resolve_dtype
+from vllite.plugins.executor.model_runner import ModelRunner
+from vllite.sched.output import ModelRunnerOutput, SchedulerOutput
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_device(device_type: str) -> torch.device:
+    """``cpu``, ``cuda`` or ``cuda:N``; a clear error when CUDA is asked for but unavailable."""
+    device = torch.device(device_type)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("--device cuda was requested but torch sees no CUDA device.")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+    elif device.type != "cpu":
+        raise ValueError(f"The default executor runs on cpu or cuda, not {device_type!r}.")
+    return device
+
+
+class DefaultExecutor(Executor):
+    """Loads the model folder with transformers and runs it through vllite's paged attention."""
+
+    #: Forces a device regardless of ``--device`` (the ``cpu`` / ``cuda`` registered names set it).
+    device_override: str | None = None
+
+    def _init_executor(self) -> None:
+        config = self.config
+        mc = config.model_config
+        self.device = resolve_device(self.device_override or config.device_config.device_type)
+        hf_config = load_hf_config(mc.model, trust_remote_code=mc.trust_remote_code)
+        self.spec = model_spec(hf_config)
+        max_model_len = self._max_model_len(mc.max_model_len, self.spec.max_position_embeddings)
+        self.dtype = resolve_dtype(mc.dtype, hf_config, self.device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        model = load_model(str(mc.model), hf_config, self.dtype, self.device, trust_remote_code=mc.trust_remote_code)
+        mc.hf_config = hf_config
+        config.set_max_model_len(max_model_len)
+        self.runner = ModelRunner(config, model, self.spec, self.device, self.dtype)
+        self._num_blocks: int | None = None
+
+    @staticmethod
+    def _max_model_len(requested: int | None, max_positions: int | None) -> int:
+        if requested is None:
+            if max_positions is None:
+                raise ModelLoadError("The model config has no max_position_embeddings; pass --max-model-len.")
+            return int(max_positions)
+        if max_positions is not None and requested > max_positions:
+            raise ValueError(
+                f"max_model_len={requested} exceeds the model's max_position_embeddings={max_positions}; "
+                "lower --max-model-len."
+            )
+        return int(requested)
+
+    # ------------------------------------------------------------------ KV cache
+    def initialize_kv_cache(self) -> int:
+        """Sizes the KV cache from the memory budget, allocates it, and returns the block count."""
+        cc = self.config.cache_config
+        max_model_len = int(self.config.model_config.max_model_len)
+        s = self.spec
+        bytes_per_token = kv_cache_bytes_per_token(
+            s.num_layers, s.num_kv_heads, s.head_dim, torch.empty((), dtype=self.dtype).element_size()
+        )
+        if cc.num_gpu_blocks_override is not None:
+            num_blocks = int(cc.num_gpu_blocks_override)
+            if (num_blocks - 1) * cc.block_size < max_model_len:
+                logger.warning(
+                    "num_gpu_blocks_override=%d cannot hold one sequence of max_model_len=%d tokens.",
+                    num_blocks,
+                    max_model_len,
+                )
+        else:
+            available = self._available_kv_bytes()
+            num_blocks, _ = determine_num_blocks(
+                available, bytes_per_token, cc.block_size, max_model_len, device=self.device.type
+            )
+        self.runner.allocate_kv_cache(num_blocks)
+        self._num_blocks = num_blocks
+        cc.num_gpu_blocks = num_blocks
+        logger.info(
+            "KV cache: %d blocks of %d tokens (%.1f MiB) on %s",
+            num_blocks,
+            cc.block_size,
+            num_blocks * cc.block_size * bytes_per_token / 2**20,
+            self.device,
+        )
+        return num_blocks
+
+    def _available_kv_bytes(self) -> int:
+        cc = self.config.cache_config
+        if self.device.type == "cpu":
+            return cpu_kvcache_space_bytes(cc.cpu_kvcache_space_gib)
+        torch.cuda.synchronize(self.device)
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        budget = self.config.scheduler_config.max_num_batched_tokens or 2048
+        self.runner.profile_run(budget)
+        torch.cuda.synchronize(self.device)
+        peak_activations = torch.cuda.max_memory_allocated(self.device) - before
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(self.device)
+        in_use = total - free  # weights, CUDA context, other processes
+        return gpu_kvcache_space_bytes(total, cc.gpu_memory_utilization, in_use + peak_activations)
+
+    # ------------------------------------------------------------------ steps
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """Runs one step. Raises on a failed forward pass (the engine turns it into an error for the caller);
+        the requests of that step should then be aborted."""
+        if self.is_sleeping:
+            raise RuntimeError("The executor is sleeping; call wake_up() before executing the model.")
+        return self.runner.execute_model(scheduler_output)
+
+    # ------------------------------------------------------------------ sleep / shutdown
+    def _sleep(self, level: int) -> None:
+        self.runner.free_kv_cache()
+        model = self.runner.model
+        if level == 1:
+            model.to("cpu")
+        else:
+            self.runner.model = None  # type: ignore[assignment]
+            del model
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _wake_up(self, tags: list[str] | None) -> None:
+        tags = ["weights", "kv_cache"] if tags is None else list(tags)
+        unknown = set(tags) - {"weights", "kv_cache"}
+        if unknown:
+            raise ValueError(f"Unknown wake_up tags {sorted(unknown)}; known: weights, kv_cache.")
+        if "weights" in tags:
+            if self.runner.model is None:
+                mc = self.config.model_config
+                self.runner.model = load_model(
+                    str(mc.model), mc.hf_config, self.dtype, self.device, trust_remote_code=mc.trust_remote_code
+                )
+            else:
+                self.runner.model.to(self.device)
+        if "kv_cache" in tags and self._num_blocks is not None and not self.runner.kv_caches:
+            self.runner.allocate_kv_cache(self._num_blocks)
+        weights_ready = self.runner.model is not None and self._model_on_device()
+        kv_ready = self._num_blocks is None or bool(self.runner.kv_caches)
+        if weights_ready and kv_ready:
+            self._sleep_level = 0
+
+    def _model_on_device(self) -> bool:
+        param = next(self.runner.model.parameters(), None)
+        return param is None or param.device == self.device
+
+    def shutdown(self) -> None:
+        """Frees the KV cache and the model. Idempotent."""
+        runner = getattr(self, "runner", None)
+        if runner is None:
+            return
+        runner.free_kv_cache()
+        runner.model = None  # type: ignore[assignment]
+        self.runner = None  # type: ignore[assignment]
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+class CPUExecutor(DefaultExecutor):
+    """The default executor pinned to the CPU (registered as ``cpu``)."""
+
+    device_override = "cpu"
+
+
+class CUDAExecutor(DefaultExecutor):
+    """The default executor pinned to the current CUDA device (registered as ``cuda``)."""
+
+    device_override = "cuda"

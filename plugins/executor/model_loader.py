@@ -1,0 +1,149 @@
+"""Loading a model folder into a transformers model that attends through vllite's paged attention.
+
+A model folder holds ``config.json`` and safetensors weights (tokenizer files are the frontend's concern).
+The class comes from the ``vllite_register_models`` registry when a plugin registered the architecture,
+otherwise from transformers' causal-LM auto mapping. Everything is loaded with ``local_files_only=True``.
+
+``dtype="auto"`` takes the checkpoint's dtype (float32 when it names none), except that a float16 checkpoint
+runs in float32 on the CPU: float16 matmuls on the CPU are slow and lose accuracy, and memory is rarely the
+limit there. An explicit ``--dtype`` is always honoured.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from vllite.exceptions import ModelLoadError
+from vllite.plugins.executor.attention import register_attention
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class ModelSpec:
+    """The shape facts the KV cache and the runner need, read from the model config."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    max_position_embeddings: int | None
+
+
+def load_hf_config(path: str | None, *, trust_remote_code: bool = False) -> Any:
+    """Reads ``config.json`` of a local model folder; ``ModelLoadError`` if the folder or config is missing."""
+    if not path:
+        raise ModelLoadError("No model given: pass a local model folder (config.json + safetensors weights).")
+    if not os.path.isdir(path):
+        raise ModelLoadError(f"Model folder {path!r} does not exist (vllite loads local folders only).")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise ModelLoadError(f"Model folder {path!r} has no config.json, so it is not a transformers model folder.")
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+    except Exception as exc:  # malformed config, unknown model_type, remote code refused ...
+        raise ModelLoadError(f"Cannot read the model config in {path!r}: {exc}") from exc
+
+
+def model_spec(hf_config: Any) -> ModelSpec:
+    """Layer count, KV heads and head size as the attention layers will use them."""
+    cfg = getattr(hf_config, "text_config", None) or hf_config
+    num_heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // num_heads
+    num_kv_heads = getattr(cfg, "num_key_value_heads", None) or num_heads
+    return ModelSpec(
+        num_layers=cfg.num_hidden_layers,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        vocab_size=cfg.vocab_size,
+        max_position_embeddings=getattr(cfg, "max_position_embeddings", None),
+    )
+
+
+def resolve_dtype(requested: str, hf_config: Any, device: torch.device) -> torch.dtype:
+    """Turns ``auto`` / ``float32`` / ``bfloat16`` / ``float16`` into a torch dtype (see the module docstring)."""
+    if requested != "auto":
+        if requested not in _DTYPES:
+            raise ValueError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {requested!r}.")
+        return _DTYPES[requested]
+    cfg = getattr(hf_config, "text_config", None) or hf_config
+    raw = cfg.__dict__.get("dtype") or cfg.__dict__.get("torch_dtype")
+    if isinstance(raw, str):
+        raw = _DTYPES.get(raw.removeprefix("torch."))
+    if raw not in _DTYPES.values():
+        return torch.float32
+    if raw == torch.float16 and device.type == "cpu":
+        return torch.float32
+    return raw
+
+
+def resolve_model_class(hf_config: Any) -> type:
+    """The class for the config's architecture: a plugin-registered one first, then transformers' own."""
+    architectures = list(getattr(hf_config, "architectures", None) or [])
+    registry = _registered_models()
+    for arch in architectures:
+        if arch in registry:
+            return registry[arch]
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    causal_lm_names = set()
+    for value in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
+        causal_lm_names.update([value] if isinstance(value, str) else value)
+    candidates = [a for a in architectures if a in causal_lm_names]
+    if not architectures:
+        value = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(hf_config, "model_type", ""))
+        candidates = [value] if isinstance(value, str) else list(value or [])
+    for name in candidates:
+        cls = getattr(transformers, name, None)
+        if cls is not None:
+            return cls
+    names = ", ".join(architectures) or getattr(hf_config, "model_type", "?")
+    raise ModelLoadError(
+        f"Unsupported model architecture {names}: transformers has no causal-LM class for it and no plugin "
+        "registered one through vllite_register_models."
+    )
+
+
+def _registered_models() -> dict[str, type]:
+    """Architectures contributed by ``vllite_register_models`` plugins ({} when the plugin manager lacks it)."""
+    try:
+        from vllite.plugin_manager import get_registry
+    except ImportError:
+        return {}
+    try:
+        return dict(get_registry("models"))
+    except (KeyError, LookupError, ValueError):
+        return {}
+
+
+def load_model(
+    path: str, hf_config: Any, dtype: torch.dtype, device: torch.device, *, trust_remote_code: bool = False
+) -> torch.nn.Module:
+    """Instantiates the model with ``attn_implementation="vllite_paged"`` on ``device`` in eval mode."""
+    model_cls = resolve_model_class(hf_config)
+    attn = register_attention()
+    import transformers
+
+    dtype_kw = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+    kwargs = {dtype_kw: dtype, "attn_implementation": attn, "local_files_only": True}
+    if trust_remote_code:
+        kwargs["trust_remote_code"] = True
+    try:
+        model = model_cls.from_pretrained(path, config=hf_config, **kwargs)
+    except ModelLoadError:
+        raise
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"Cannot load the model weights from {path!r}: {exc}") from exc
+    model.to(device)
+    model.eval()
+    model.requires_grad_(False)
+    logger.info("Loaded %s from %s (%s on %s)", model_cls.__name__, path, dtype, device)
+    return model

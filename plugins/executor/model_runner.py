@@ -1,0 +1,386 @@
+"""The model runner: applies each ``SchedulerOutput`` to the persistent batch, runs the model, samples.
+
+One step:
+
+1. ``_update_states``: drop finished requests; take preempted and unscheduled ones out of the batch (their
+   state is kept for a later resume); record new requests; apply the block and progress diffs of cached ones;
+   add (re-)scheduled requests into free rows; condense; hand the ``BatchUpdate`` to the logits processors.
+2. ``_prepare_inputs``: the packed batch (``input_ids``/``position_ids`` of shape ``[1, num_tokens]``) and the
+   attention metadata (slot mapping, block tables, query start locations, sequence lengths).
+3. forward under :func:`~vllite.plugins.executor.attention.forward_context`, keeping only the logits needed:
+   the last scheduled token of every request, plus the prompt positions whose prompt logprobs are asked for.
+4. sample every row; keep the token only for requests whose known tokens are all computed after this step
+   (a prefill chunk that does not end the prompt returns ``[]``), and return logprobs / prompt logprobs.
+
+Prompt logprobs: see :mod:`vllite.plugins.executor.prompt_logprobs`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+from vllite.config import EngineConfig
+from vllite.plugins.executor.attention import AttentionMetadata, forward_context
+from vllite.plugins.executor.input_batch import CachedRequestState, InputBatch
+from vllite.plugins.executor.model_loader import ModelSpec
+from vllite.plugins.executor.prompt_logprobs import compute_prompt_logprobs, plan_prompt_logprobs
+from vllite.plugins.executor.sampler import Sampler, SamplingMetadata
+from vllite.protocol import LogprobsLists
+from vllite.sampling_params import SamplingType
+from vllite.sched.output import ModelRunnerOutput, SchedulerOutput
+
+logger = logging.getLogger(__name__)
+
+
+def _build_logitsprocs(config: EngineConfig, device: torch.device) -> Any:
+    try:
+        from vllite.logits_processor import build_logitsprocs
+    except ImportError:
+        from vllite.logits_processor.loader import build_logitsprocs
+    return build_logitsprocs(config, device, device.type == "cuda")
+
+
+class ModelRunner:
+    """Owns the persistent batch, the KV cache tensors and the sampler for one loaded model."""
+
+    def __init__(
+        self, config: EngineConfig, model: torch.nn.Module, spec: ModelSpec, device: torch.device, dtype: torch.dtype
+    ) -> None:
+        self.config = config
+        self.model = model
+        self.spec = spec
+        self.device = device
+        self.dtype = dtype
+        self.block_size = config.cache_config.block_size
+        self.max_model_len = int(config.model_config.max_model_len)
+        self.max_num_reqs = config.scheduler_config.max_num_seqs
+        self.vocab_size = self._output_vocab_size(model, spec)
+        max_blocks = -(-self.max_model_len // self.block_size)
+        self.input_batch = InputBatch(self.max_num_reqs, self.max_model_len, max_blocks, self.vocab_size)
+        self.requests: dict[str, CachedRequestState] = {}
+        self.logitsprocs = _build_logitsprocs(config, device)
+        self.sampler = Sampler()
+        self.default_generator = torch.Generator(device=device)
+        self.default_generator.manual_seed(config.model_config.seed)
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._kv_buffer: torch.Tensor | None = None
+        self._accepts_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+
+    @staticmethod
+    def _output_vocab_size(model: torch.nn.Module, spec: ModelSpec) -> int:
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        weight = getattr(head, "weight", None)
+        return int(weight.shape[0]) if weight is not None else spec.vocab_size
+
+    # ------------------------------------------------------------------ KV cache
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        """Allocates ``num_blocks`` blocks per layer as one zeroed buffer with per-layer key/value views."""
+        s = self.spec
+        self.free_kv_cache()
+        shape = (s.num_layers, 2, num_blocks, self.block_size, s.num_kv_heads, s.head_dim)
+        self._kv_buffer = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.kv_caches = [(self._kv_buffer[i, 0], self._kv_buffer[i, 1]) for i in range(s.num_layers)]
+
+    def free_kv_cache(self) -> None:
+        self.kv_caches = []
+        self._kv_buffer = None
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return 0 if self._kv_buffer is None else int(self._kv_buffer.shape[2])
+
+    # ------------------------------------------------------------------ one step
+    @torch.inference_mode()
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """Runs one scheduled step and returns the sampled tokens (see the module docstring)."""
+        self._update_states(scheduler_output)
+        if scheduler_output.total_num_scheduled_tokens == 0 or self.input_batch.num_reqs == 0:
+            return ModelRunnerOutput.empty()
+        if not self.kv_caches:
+            raise RuntimeError("The KV cache is not allocated (call initialize_kv_cache, or wake_up after sleep).")
+        batch = self.input_batch
+        num_reqs = batch.num_reqs
+        req_ids = batch.req_ids
+        num_scheduled = np.array([scheduler_output.num_scheduled_tokens[r] for r in req_ids], dtype=np.int64)
+        input_ids, positions, metadata = self._prepare_inputs(num_scheduled)
+        seq_lens = batch.num_computed_tokens[:num_reqs] + num_scheduled
+        samples = seq_lens >= batch.num_tokens[:num_reqs]
+
+        logits_indices = metadata.query_start_loc[1:].to(torch.int64) - 1
+        prompt_plan = plan_prompt_logprobs(
+            self.requests, req_ids, num_scheduled.tolist(), metadata.query_start_loc.tolist(), self.vocab_size
+        )
+        if prompt_plan:
+            extra = torch.cat([torch.arange(c.lo, c.hi) for c in prompt_plan]).to(self.device)
+            logits_indices = torch.cat([logits_indices, extra])
+        logits = self._forward(input_ids, positions, metadata, logits_indices)
+
+        sampling_md = self._sampling_metadata(samples)
+        out = self.sampler(logits[:num_reqs], sampling_md)
+        sampled = out.sampled_token_ids.tolist()
+
+        sampled_token_ids: list[list[int]] = []
+        for row, req_id in enumerate(req_ids):
+            if not samples[row]:
+                sampled_token_ids.append([])
+                continue
+            token = int(sampled[row])
+            self.requests[req_id].output_token_ids.append(token)  # the live list the processors read
+            batch.append_token(row, token)
+            sampled_token_ids.append([token])
+
+        logprobs = None
+        if out.logprobs_tensors is not None and samples.any():
+            # One row per sampled token, in request order: requests that sampled nothing have no row.
+            rows = torch.from_numpy(np.flatnonzero(samples)).to(self.device)
+            t = out.logprobs_tensors
+            logprobs = LogprobsLists(
+                t.logprob_token_ids[rows].tolist(), t.logprobs[rows].tolist(), t.selected_token_ranks[rows].tolist()
+            )
+        prompt_logprobs = compute_prompt_logprobs(prompt_plan, logits[num_reqs:], self.requests)
+        return ModelRunnerOutput(
+            req_ids=req_ids,
+            req_id_to_index={r: i for i, r in enumerate(req_ids)},
+            sampled_token_ids=sampled_token_ids,
+            logprobs=logprobs,
+            prompt_logprobs_dict=prompt_logprobs,
+        )
+
+    # ------------------------------------------------------------------ state
+    def _update_states(self, so: SchedulerOutput) -> None:
+        batch = self.input_batch
+        for req_id in so.finished_req_ids:
+            self.requests.pop(req_id, None)
+            batch.remove_request(req_id)
+        cached = so.scheduled_cached_reqs
+        resumed = cached.resumed_req_ids
+        for req_id in list(batch.req_id_to_index):
+            if req_id in so.preempted_req_ids or req_id not in so.num_scheduled_tokens or req_id in resumed:
+                batch.remove_request(req_id)
+
+        to_add: list[CachedRequestState] = []
+        for new in so.scheduled_new_reqs:
+            batch.remove_request(new.req_id)
+            previous = self.requests.get(new.req_id)
+            state = CachedRequestState(
+                req_id=new.req_id,
+                prompt_token_ids=list(new.prompt_token_ids),
+                sampling_params=new.sampling_params,
+                generator=self._generator_for(new.sampling_params, previous, len(new.output_token_ids)),
+                block_ids=list(new.block_ids),
+                num_computed_tokens=new.num_computed_tokens,
+                output_token_ids=list(new.output_token_ids),
+                num_prompt_logprobs_done=(
+                    previous.num_prompt_logprobs_done
+                    if previous is not None and previous.prompt_token_ids == new.prompt_token_ids
+                    else 0
+                ),
+            )
+            self.requests[new.req_id] = state
+            to_add.append(state)
+
+        for i, req_id in enumerate(cached.req_ids):
+            state = self.requests.get(req_id)
+            if state is None:
+                raise RuntimeError(f"Scheduled cached request {req_id!r} is unknown to the executor.")
+            state.num_computed_tokens = cached.num_computed_tokens[i]
+            tokens_changed = False
+            if req_id in cached.all_token_ids:
+                outputs = cached.all_token_ids[req_id][state.num_prompt_tokens :]
+                if outputs != state.output_token_ids:
+                    state.output_token_ids[:] = outputs  # in place: processors hold this list
+                    tokens_changed = True
+            if i < len(cached.num_output_tokens) and cached.num_output_tokens[i] < len(state.output_token_ids):
+                del state.output_token_ids[cached.num_output_tokens[i] :]
+                tokens_changed = True
+            new_blocks = cached.new_block_ids[i] if i < len(cached.new_block_ids) else None
+            if req_id in resumed:
+                state.block_ids = list(new_blocks or [])
+            elif new_blocks:
+                state.block_ids.extend(new_blocks)
+            row = batch.req_id_to_index.get(req_id)
+            if row is not None and tokens_changed:
+                batch.remove_request(req_id)
+                row = None
+            if row is None:
+                to_add.append(state)
+                continue
+            batch.num_computed_tokens[row] = state.num_computed_tokens
+            if new_blocks and req_id not in resumed:
+                batch.append_block_ids(row, new_blocks)
+
+        for state in to_add:
+            batch.add_request(state)
+        batch.condense()
+        self.logitsprocs.update_state(batch.get_batch_update())
+
+    def _generator_for(
+        self, params: Any, previous: CachedRequestState | None, num_output_tokens: int
+    ) -> torch.Generator | None:
+        """The request's own generator. A fresh request gets a newly seeded one; a resumed request (re-sent
+        with its output tokens) keeps the one it had, or, if this executor never saw it, a newly seeded one
+        fast-forwarded past the ``num_output_tokens`` draws already made: either way it continues the same
+        random stream."""
+        if params.sampling_type != SamplingType.RANDOM_SEED:
+            return None
+        resumed = previous is not None and len(previous.output_token_ids) == num_output_tokens > 0
+        if resumed and previous.generator is not None:
+            return previous.generator
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(params.seed)
+        scratch = torch.empty(self.vocab_size, device=self.device)
+        for _ in range(num_output_tokens):
+            scratch.exponential_(generator=generator)
+        return generator
+
+    # ------------------------------------------------------------------ inputs
+    def _prepare_inputs(self, num_scheduled: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        batch = self.input_batch
+        num_reqs = len(num_scheduled)
+        cu = np.cumsum(num_scheduled)
+        total = int(cu[-1])
+        row_of_token = np.repeat(np.arange(num_reqs), num_scheduled)
+        offsets = np.arange(total) - np.repeat(cu - num_scheduled, num_scheduled)
+        positions = batch.num_computed_tokens[row_of_token] + offsets
+        seq_lens = batch.num_computed_tokens[:num_reqs] + num_scheduled
+        if (seq_lens > batch.num_tokens[:num_reqs]).any():
+            row = int(np.argmax(seq_lens > batch.num_tokens[:num_reqs]))
+            raise ValueError(
+                f"Request {batch.req_ids[row]!r} is scheduled past its known tokens "
+                f"({int(seq_lens[row])} > {int(batch.num_tokens[row])})."
+            )
+        block_idx = positions // self.block_size
+        if (block_idx >= batch.num_blocks[row_of_token]).any():
+            t = int(np.argmax(block_idx >= batch.num_blocks[row_of_token]))
+            raise ValueError(
+                f"Request {batch.req_ids[row_of_token[t]]!r} has no KV block for position {int(positions[t])}."
+            )
+        slots = batch.block_table[row_of_token, block_idx].astype(np.int64) * self.block_size
+        slots += positions % self.block_size
+        max_blocks = int(-(-seq_lens.max() // self.block_size))
+        dev = self.device
+        metadata = AttentionMetadata(
+            slot_mapping=torch.from_numpy(slots).to(dev),
+            block_tables=torch.from_numpy(np.ascontiguousarray(batch.block_table[:num_reqs, :max_blocks])).to(dev),
+            seq_lens=torch.from_numpy(seq_lens.astype(np.int32)).to(dev),
+            query_start_loc=torch.from_numpy(np.concatenate([[0], cu]).astype(np.int32)).to(dev),
+            max_query_len=int(num_scheduled.max()),
+            max_seq_len=int(seq_lens.max()),
+        )
+        input_ids = torch.from_numpy(batch.token_ids[row_of_token, positions]).to(dev).unsqueeze(0)
+        return input_ids, torch.from_numpy(positions).to(dev).unsqueeze(0), metadata
+
+    def _forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata, logits_indices: torch.Tensor
+    ) -> torch.Tensor:
+        kwargs: dict[str, Any] = {"input_ids": input_ids, "position_ids": positions, "use_cache": False}
+        if self._accepts_logits_to_keep:
+            kwargs["logits_to_keep"] = logits_indices
+        with forward_context(md, self.kv_caches) as ctx:
+            output = self.model(**kwargs)
+        if ctx.num_calls != self.spec.num_layers:
+            raise RuntimeError(
+                f"{type(self.model).__name__} called vllite's attention {ctx.num_calls} times for "
+                f"{self.spec.num_layers} layers; this architecture does not route attention through "
+                "transformers' attention interface, so vllite cannot run it."
+            )
+        logits = output.logits[0]
+        if not self._accepts_logits_to_keep:
+            logits = logits[logits_indices]
+        return logits
+
+    def _sampling_metadata(self, samples: np.ndarray) -> SamplingMetadata:
+        batch = self.input_batch
+        n = batch.num_reqs
+        dev = self.device
+        greedy = batch.temperature[:n] < 1e-5
+        all_greedy, all_random = bool(greedy.all()), bool((~greedy).all())
+        top_p = top_k = None
+        if not all_greedy and (batch.top_p[:n] < 1.0).any():
+            top_p = torch.from_numpy(batch.top_p[:n].copy()).to(dev)
+        k = batch.top_k[:n]
+        if not all_greedy and ((k > 0) & (k < self.vocab_size)).any():
+            top_k = torch.from_numpy(np.where(k > 0, k, self.vocab_size)).to(dev)
+        generators: dict[int, torch.Generator] = {}
+        max_logprobs: int | None = None
+        allowed_rows: list[int] = []
+        for row in range(n):
+            state = batch.state_at(row)
+            params = state.sampling_params
+            # A row whose token is discarded (partial prefill) must not advance its request's generator.
+            if state.generator is not None and samples[row]:
+                generators[row] = state.generator
+            if params.logprobs is not None:
+                wanted = self.vocab_size if params.logprobs == -1 else params.logprobs
+                max_logprobs = max(max_logprobs or 0, wanted)
+            if params.allowed_token_ids:
+                allowed_rows.append(row)
+        md = SamplingMetadata(
+            temperature=torch.from_numpy(batch.temperature[:n].copy()).to(dev),
+            all_greedy=all_greedy,
+            all_random=all_random,
+            top_p=top_p,
+            top_k=top_k,
+            generators=generators,
+            default_generator=self.default_generator,
+            max_num_logprobs=max_logprobs,
+            logitsprocs=self.logitsprocs,
+        )
+        if allowed_rows:
+            mask = torch.zeros(n, self.vocab_size, dtype=torch.bool)
+            for row in allowed_rows:
+                ids = [t for t in batch.state_at(row).sampling_params.allowed_token_ids or () if t < self.vocab_size]
+                mask[row] = True
+                mask[row, ids] = False
+            md.allowed_token_ids_mask = mask.to(dev)
+        self._add_penalties(md, n)
+        return md
+
+    def _add_penalties(self, md: SamplingMetadata, n: int) -> None:
+        batch = self.input_batch
+        freq, pres, rep = batch.frequency_penalties[:n], batch.presence_penalties[:n], batch.repetition_penalties[:n]
+        if not ((freq != 0).any() or (pres != 0).any() or (rep != 1).any()):
+            return
+        dev = self.device
+        width = int(batch.num_tokens[:n].max())
+        tokens = batch.token_ids[:n, :width]
+        pos = np.arange(width)[None, :]
+        n_prompt = batch.num_prompt_tokens[:n, None]
+        pad = self.vocab_size
+        md.prompt_token_ids = torch.from_numpy(np.where(pos < n_prompt, tokens, pad)).to(dev)
+        is_output = (pos >= n_prompt) & (pos < batch.num_tokens[:n, None])
+        md.output_token_ids = torch.from_numpy(np.where(is_output, tokens, pad)).to(dev)
+        md.frequency_penalties = torch.from_numpy(freq.copy()).to(dev)
+        md.presence_penalties = torch.from_numpy(pres.copy()).to(dev)
+        md.repetition_penalties = torch.from_numpy(rep.copy()).to(dev)
+
+    # ------------------------------------------------------------------ memory profiling (CUDA)
+    @torch.inference_mode()
+    def profile_run(self, num_tokens: int) -> None:
+        """One forward over ``num_tokens`` dummy tokens (plus a sort of as many logits rows as requests) so the
+        caller can measure peak activation memory; uses a temporary KV cache just large enough."""
+        num_tokens = max(1, min(num_tokens, self.max_model_len))
+        blocks = -(-num_tokens // self.block_size)
+        saved = self._kv_buffer, self.kv_caches
+        try:
+            self.allocate_kv_cache(blocks)
+            dev = self.device
+            md = AttentionMetadata(
+                slot_mapping=torch.arange(num_tokens, device=dev),
+                block_tables=torch.arange(blocks, dtype=torch.int32, device=dev).unsqueeze(0),
+                seq_lens=torch.tensor([num_tokens], dtype=torch.int32, device=dev),
+                query_start_loc=torch.tensor([0, num_tokens], dtype=torch.int32, device=dev),
+                max_query_len=num_tokens,
+                max_seq_len=num_tokens,
+            )
+            ids = torch.zeros(1, num_tokens, dtype=torch.int64, device=dev)
+            pos = torch.arange(num_tokens, device=dev).unsqueeze(0)
+            keep = torch.arange(num_tokens - min(num_tokens, self.max_num_reqs), num_tokens, device=dev)
+            logits = self._forward(ids, pos, md, keep)
+            logits.float().sort(dim=-1)
+        finally:
+            self._kv_buffer, self.kv_caches = saved

@@ -1,0 +1,167 @@
+"""The sampler: from one row of logits per request to one token per request (vLLM V1 order).
+
+1. raw logprobs (``log_softmax`` of the model's logits, before any processing) when a request wants logprobs:
+   returned logprobs are the *raw* model logprobs (vLLM's default ``logprobs_mode="raw_logprobs"``);
+2. ``allowed_token_ids`` masks, then the non-argmax-invariant logits processors (min-tokens, logit bias, ...);
+3. repetition, frequency and presence penalties;
+4. greedy rows take the argmax; random rows are divided by their temperature, pass the argmax-invariant
+   processors (min-p), top-k and top-p, and are sampled by an exponential race (``argmax(p / q)`` with
+   ``q ~ Exp(1)``, the Gumbel-max trick). A request with a seed draws ``q`` from its own ``torch.Generator``,
+   so its tokens do not depend on which other requests share the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from vllite.protocol import LogprobsTensors
+
+_SAMPLING_EPS = 1e-5
+
+
+@dataclass
+class SamplingMetadata:
+    """Per-step sampling inputs, one entry per batch row, on the sampling device."""
+
+    temperature: torch.Tensor  # [B] float32; 0 for greedy rows
+    all_greedy: bool
+    all_random: bool
+    top_p: torch.Tensor | None  # [B] or None when no row uses top-p
+    top_k: torch.Tensor | None  # [B] int64 (vocab size = disabled) or None
+    generators: dict[int, torch.Generator]  # row -> the request's own generator (seeded requests)
+    default_generator: torch.Generator | None
+    max_num_logprobs: int | None  # None: no row wants logprobs; -1 is resolved to the vocab size
+    # Penalties (None when no row has one): counts come from the padded token tensors (pad = vocab size).
+    frequency_penalties: torch.Tensor | None = None
+    presence_penalties: torch.Tensor | None = None
+    repetition_penalties: torch.Tensor | None = None
+    prompt_token_ids: torch.Tensor | None = None  # [B, P] int64
+    output_token_ids: torch.Tensor | None = None  # [B, O] int64
+    allowed_token_ids_mask: torch.Tensor | None = None  # [B, V] bool, True = not allowed
+    logitsprocs: Any = None  # vllite.logits_processor.LogitsProcessors
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def no_penalties(self) -> bool:
+        return self.repetition_penalties is None
+
+
+@dataclass
+class SamplerOutput:
+    """The sampled token of every row and, when asked, its logprobs (``[B, 1 + N]``, sampled token first)."""
+
+    sampled_token_ids: torch.Tensor  # [B] int64
+    logprobs_tensors: LogprobsTensors | None
+
+
+class Sampler:
+    """Turns logits ``[B, V]`` into tokens following each row's sampling parameters."""
+
+    def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
+        raw_logprobs = None
+        if md.max_num_logprobs is not None:
+            raw_logprobs = torch.log_softmax(logits.float(), dim=-1)
+        logits = logits.float()
+        if md.allowed_token_ids_mask is not None:
+            logits.masked_fill_(md.allowed_token_ids_mask, float("-inf"))
+        if md.logitsprocs is not None:
+            logits = md.logitsprocs.apply_non_argmax_invariant(logits)
+        if not md.no_penalties:
+            logits = apply_penalties(logits, md)
+        sampled = self.sample(logits, md)
+        logprobs = None
+        if raw_logprobs is not None:
+            logprobs = gather_logprobs(raw_logprobs, md.max_num_logprobs or 0, sampled)
+        return SamplerOutput(sampled, logprobs)
+
+    def sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        greedy = None if md.all_random else logits.argmax(dim=-1)
+        if md.all_greedy:
+            assert greedy is not None
+            return greedy
+        temperature = md.temperature
+        if not md.all_random:
+            temperature = torch.where(temperature < _SAMPLING_EPS, 1.0, temperature)
+        logits = logits / temperature.unsqueeze(1)
+        if md.logitsprocs is not None:
+            logits = md.logitsprocs.apply_argmax_invariant(logits)
+        logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
+        probs = logits.softmax(dim=-1, dtype=torch.float32)
+        random = exponential_race(probs, md.generators, md.default_generator)
+        if greedy is None:
+            return random
+        return torch.where(md.temperature < _SAMPLING_EPS, greedy, random)
+
+
+def exponential_race(
+    probs: torch.Tensor, generators: dict[int, torch.Generator], default: torch.Generator | None
+) -> torch.Tensor:
+    """Samples one index per row from ``probs`` as ``argmax(probs / q)``, ``q ~ Exp(1)`` (row ``i`` draws ``q``
+    from ``generators[i]`` when it has one, so its result depends only on its own generator's state)."""
+    q = torch.empty_like(probs)
+    if len(generators) != probs.shape[0]:
+        q.exponential_(generator=default)
+    for row, generator in generators.items():
+        q[row].exponential_(generator=generator)
+    return probs.div(q).argmax(dim=-1)
+
+
+def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
+    """Masks (to -inf) every token outside the top ``k`` and outside the smallest set with mass >= ``p``.
+
+    Ties at the top-k threshold are all kept. A ``k`` of the vocab size or a ``p`` of 1 disables that filter.
+    """
+    if k is None and p is None:
+        return logits
+    logits_sort, logits_idx = logits.sort(dim=-1, descending=False)
+    if k is not None:
+        vocab = logits.shape[-1]
+        kth = (vocab - k.clamp(1, vocab)).unsqueeze(1)
+        threshold = logits_sort.gather(1, kth)
+        logits_sort.masked_fill_(logits_sort < threshold, float("-inf"))
+    if p is not None:
+        probs_sum = logits_sort.softmax(dim=-1).cumsum(dim=-1)
+        mask = probs_sum <= 1 - p.unsqueeze(1)
+        mask[:, -1] = False  # always keep the most likely token
+        logits_sort.masked_fill_(mask, float("-inf"))
+    return logits_sort.scatter(dim=-1, index=logits_idx, src=logits_sort)
+
+
+def _bin_counts(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Counts of each token id per row (``token_ids`` padded with ``vocab_size``, which is dropped)."""
+    counts = torch.zeros(token_ids.shape[0], vocab_size + 1, dtype=torch.int64, device=token_ids.device)
+    counts.scatter_add_(1, token_ids, torch.ones_like(token_ids))
+    return counts[:, :vocab_size]
+
+
+def apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    """Repetition (prompt and output tokens), then frequency and presence (output tokens only) penalties."""
+    assert md.prompt_token_ids is not None and md.output_token_ids is not None
+    assert md.frequency_penalties is not None and md.presence_penalties is not None
+    assert md.repetition_penalties is not None
+    vocab_size = logits.shape[-1]
+    prompt_mask = _bin_counts(md.prompt_token_ids, vocab_size) > 0
+    output_counts = _bin_counts(md.output_token_ids, vocab_size)
+    output_mask = output_counts > 0
+    rep = md.repetition_penalties.unsqueeze(1).expand_as(logits)
+    rep = torch.where(prompt_mask | output_mask, rep, torch.ones_like(rep))
+    logits = torch.where(logits > 0, logits / rep, logits * rep)
+    logits = logits - md.frequency_penalties.unsqueeze(1) * output_counts
+    logits = logits - md.presence_penalties.unsqueeze(1) * output_mask
+    return logits
+
+
+def gather_logprobs(logprobs: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor) -> LogprobsTensors:
+    """Per row: the logprob and rank (1 = best; ties count as better) of ``token_ids``, then the top
+    ``num_logprobs`` (``-1`` = the whole vocabulary). Tensors ``[B, 1 + N]``; ranks ``[B]``."""
+    if num_logprobs < 0:
+        num_logprobs = logprobs.shape[-1]
+    token_ids = token_ids.to(torch.int64).unsqueeze(-1)
+    token_logprobs = logprobs.gather(-1, token_ids)
+    ranks = (logprobs >= token_logprobs).sum(-1)
+    top_logprobs, top_ids = torch.topk(logprobs, num_logprobs, dim=-1)
+    ids = torch.cat((token_ids, top_ids), dim=1)
+    values = torch.cat((token_logprobs, top_logprobs), dim=1)
+    return LogprobsTensors(ids, values, ranks)

@@ -1,0 +1,359 @@
+"""The default executor against Hugging Face: greedy ids, logprobs, prompt logprobs, batch changes, errors."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_executor_support import (
+    VOCAB,
+    ManualScheduler,
+    hf_greedy,
+    hf_logprobs,
+    make_config,
+    make_model,
+    single_thread,  # noqa: F401  (autouse fixture)
+)
+from vllite.exceptions import KVCacheMemoryError, ModelLoadError
+from vllite.plugins.executor.executor import DefaultExecutor
+from vllite.sampling_params import SamplingParams
+from vllite.sched.output import SchedulerOutput
+
+ARCHS = {
+    "llama": {},
+    "qwen2": {},
+    "qwen3": {},
+    "mistral": {"sliding_window": 6},
+    "gemma2": {"sliding_window": 6, "attn_logit_softcapping": 5.0, "final_logit_softcapping": 3.0},
+}
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("models")
+    return {arch: make_model(arch, root / arch, **kw) for arch, kw in ARCHS.items()}
+
+
+def _executor(path: Path, **kw: object) -> DefaultExecutor:
+    ex = DefaultExecutor(make_config(path, **kw))
+    ex.initialize_kv_cache()
+    return ex
+
+
+def _prompts(n: int, seed: int = 0) -> dict[str, list[int]]:
+    rng = random.Random(seed)
+    return {f"r{i}": [rng.randrange(3, VOCAB) for _ in range(rng.randrange(1, 14))] for i in range(n)}
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_greedy_mixed_batch_with_chunked_prefill_matches_hf(model_dirs: dict[str, Path], arch: str) -> None:
+    path = model_dirs[arch]
+    ex = _executor(path, num_blocks=128)
+    sched = ManualScheduler(4, 128, chunk=5, budget=32)  # prompts split over steps, budget shared
+    prompts = _prompts(16, seed=len(arch))
+    for req_id, prompt in prompts.items():
+        sched.add(req_id, prompt, max_tokens=6)
+    got = sched.run(ex)
+    for req_id, prompt in prompts.items():
+        assert got[req_id] == hf_greedy(path, prompt, 6), req_id
+    # Partial prefill chunks returned no token.
+    assert any([] in out.sampled_token_ids for out in sched.outputs)
+
+
+def test_batch_size_one_matches_hf(model_dirs: dict[str, Path]) -> None:
+    path = model_dirs["llama"]
+    ex = _executor(path)
+    sched = ManualScheduler(4, 64)
+    prompt = [5, 17, 33, 8, 91, 4, 4, 60]
+    sched.add("only", prompt, max_tokens=12)
+    assert sched.run(ex)["only"] == hf_greedy(path, prompt, 12)
+    assert ex.runner.requests == {} and ex.runner.input_batch.num_reqs == 0  # finished ids were applied
+
+
+def test_request_finished_mid_batch_condenses_and_others_match(model_dirs: dict[str, Path]) -> None:
+    path = model_dirs["qwen2"]
+    ex = _executor(path)
+    sched = ManualScheduler(4, 64)
+    prompts = _prompts(5, seed=3)
+    for req_id, prompt in prompts.items():
+        sched.add(req_id, prompt, max_tokens=7)
+    for _ in range(3):
+        sched.step(ex)
+    sched.finish("r1")  # a hole in row 1: the last row moves into it
+    sched.step(ex)
+    batch = ex.runner.input_batch
+    assert batch.num_reqs == 4 and "r1" not in batch.req_id_to_index
+    assert batch.req_id_to_index["r4"] == 1
+    got = sched.run(ex)
+    for req_id, prompt in prompts.items():
+        if req_id != "r1":
+            assert got[req_id] == hf_greedy(path, prompt, 7), req_id
+
+
+@pytest.mark.parametrize("resume_as_new", [True, False])
+def test_preempted_request_resumes_with_its_output_tokens(model_dirs: dict[str, Path], resume_as_new: bool) -> None:
+    path = model_dirs["llama"]
+    ex = _executor(path)
+    sched = ManualScheduler(4, 64, chunk=4, resume_as_new=resume_as_new)
+    prompts = _prompts(3, seed=5)
+    for req_id, prompt in prompts.items():
+        sched.add(req_id, prompt, max_tokens=8)
+    for _ in range(6):
+        sched.step(ex)
+    victim = next(r for r in sched.running if r.output)
+    sched.preempt(victim.req_id)
+    sched.step(ex, skip={victim.req_id})  # preempted: not scheduled this step
+    assert victim.req_id not in ex.runner.input_batch.req_id_to_index
+    got = sched.run(ex)  # recomputes prompt + output tokens in chunks, then continues
+    for req_id, prompt in prompts.items():
+        assert got[req_id] == hf_greedy(path, prompt, 8), req_id
+
+
+def test_unscheduled_request_leaves_and_rejoins_the_batch(model_dirs: dict[str, Path]) -> None:
+    path = model_dirs["llama"]
+    ex = _executor(path)
+    sched = ManualScheduler(4, 64)
+    prompts = _prompts(3, seed=9)
+    for req_id, prompt in prompts.items():
+        sched.add(req_id, prompt, max_tokens=6)
+    sched.step(ex)
+    sched.step(ex, skip={"r0"})
+    assert "r0" not in ex.runner.input_batch.req_id_to_index
+    got = sched.run(ex)
+    for req_id, prompt in prompts.items():
+        assert got[req_id] == hf_greedy(path, prompt, 6)
+
+
+def test_logprobs_match_hf_log_softmax(model_dirs: dict[str, Path]) -> None:
+    path = model_dirs["qwen3"]
+    ex = _executor(path)
+    sched = ManualScheduler(4, 64, chunk=3)
+    prompt = [7, 21, 44, 3, 9, 12, 80]
+    # "c" is still in prefill (no token, so no logprobs row) while "a" already samples.
+    sched.add("c", list(range(3, 30)), SamplingParams(temperature=0.0, logprobs=2, max_tokens=2), max_tokens=2)
+    sched.add("a", prompt, SamplingParams(temperature=0.0, logprobs=5, max_tokens=5), max_tokens=5)
+    sched.add("b", [4, 5, 6], SamplingParams(temperature=0.0, max_tokens=5), max_tokens=5)
+    got = sched.run(ex)["a"]
+    ref = hf_logprobs(path, prompt + got)
+    rows = []
+    skipped_c = False
+    for out in sched.outputs:
+        i = out.req_id_to_index.get("a")
+        if i is not None and out.sampled_token_ids[i]:
+            row = sum(len(tokens) for tokens in out.sampled_token_ids[:i])  # one row per sampled token
+            assert len(out.logprobs.logprobs) == sum(len(tokens) for tokens in out.sampled_token_ids)
+            rows.append((out.sampled_token_ids[i][0], out.logprobs, row))
+            skipped_c |= row < i  # "c" sat before "a" without a row of its own
+    assert skipped_c
+    assert len(rows) == 5
+    for k, (token, lp, i) in enumerate(rows):
+        ids, values, rank = lp.logprob_token_ids[i], lp.logprobs[i], lp.sampled_token_ranks[i]
+        expected = ref[len(prompt) - 1 + k]
+        assert ids[0] == token and rank == 1  # greedy: the sampled token is the most likely
+        assert len(ids) == 6
+        top = torch.topk(expected, 5)
+        assert ids[1:] == top.indices.tolist()
+        assert torch.allclose(torch.tensor(values), expected[ids], atol=1e-4)
+
+
+def test_prompt_logprobs_per_chunk_match_hf(model_dirs: dict[str, Path]) -> None:
+    path = model_dirs["llama"]
+    ex = _executor(path)
+    sched = ManualScheduler(4, 64, chunk=4)
+    prompt = [9, 30, 31, 2, 77, 18, 18, 50, 61, 3]
+    sched.add("p", prompt, SamplingParams(temperature=0.0, prompt_logprobs=3, max_tokens=2), max_tokens=2)
+    sched.run(ex)
+    chunks = [out.prompt_logprobs_dict["p"] for out in sched.outputs if "p" in out.prompt_logprobs_dict]
+    assert [c.logprobs.shape[0] for c in chunks] == [4, 4, 1]  # 9 positions predict prompt tokens 1..9
+    ids = torch.cat([c.logprob_token_ids for c in chunks])
+    values = torch.cat([c.logprobs for c in chunks])
+    ranks = torch.cat([c.selected_token_ranks for c in chunks])
+    ref = hf_logprobs(path, prompt)[:-1]
+    assert ids[:, 0].tolist() == prompt[1:]
+    assert torch.allclose(values, ref.gather(1, ids), atol=1e-4)
+    assert ids[:, 1:].tolist() == torch.topk(ref, 3).indices.tolist()
+    expected_ranks = (ref >= ref.gather(1, ids[:, :1])).sum(-1)
+    assert ranks.tolist() == expected_ranks.tolist()
+
+
+def test_max_model_len_and_config_are_filled(model_dirs: dict[str, Path]) -> None:
+    cfg = make_config(model_dirs["llama"])
+    ex = DefaultExecutor(cfg)
+    assert cfg.model_config.max_model_len == 256 and cfg.scheduler_config.max_model_len == 256
+    assert cfg.model_config.hf_config.model_type == "llama"
+    assert ex.initialize_kv_cache() == 64 == cfg.cache_config.num_gpu_blocks
+    assert ex.max_concurrent_batches == 1
+    cfg = make_config(model_dirs["llama"], max_model_len=100)
+    DefaultExecutor(cfg)
+    assert cfg.model_config.max_model_len == 100
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        DefaultExecutor(make_config(model_dirs["llama"], max_model_len=257))
+
+
+def test_kv_cache_sized_from_cpu_budget(model_dirs: dict[str, Path]) -> None:
+    cfg = make_config(model_dirs["llama"], max_model_len=64)
+    cfg.cache_config.num_gpu_blocks_override = None
+    cfg.cache_config.cpu_kvcache_space_gib = 1 / 1024  # 1 MiB
+    ex = DefaultExecutor(cfg)
+    per_token = 2 * 2 * 2 * 16 * 4  # K+V, layers, kv heads, head dim, float32
+    assert ex.initialize_kv_cache() == (1 << 20) // (per_token * 4)
+    key_cache, _ = ex.runner.kv_caches[0]
+    assert key_cache.shape == (cfg.cache_config.num_gpu_blocks, 4, 2, 16)
+    cfg = make_config(model_dirs["llama"])
+    cfg.cache_config.num_gpu_blocks_override = None
+    cfg.cache_config.cpu_kvcache_space_gib = 8 / 2**20  # 8 KiB: not even one 256-token sequence
+    with pytest.raises(KVCacheMemoryError, match="max_model_len=256"):
+        DefaultExecutor(cfg).initialize_kv_cache()
+
+
+def test_model_load_errors(tmp_path: Path, model_dirs: dict[str, Path]) -> None:
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        DefaultExecutor(make_config(tmp_path / "nope"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelLoadError, match=r"no config\.json"):
+        DefaultExecutor(make_config(tmp_path / "empty"))
+    import transformers
+
+    odd = tmp_path / "bert"
+    transformers.BertConfig(
+        vocab_size=50,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=16,
+        architectures=["BertModel"],
+    ).save_pretrained(odd)
+    with pytest.raises(ModelLoadError, match="Unsupported model architecture BertModel"):
+        DefaultExecutor(make_config(odd))
+
+
+def test_dtype_choices(model_dirs: dict[str, Path]) -> None:
+    ex = DefaultExecutor(make_config(model_dirs["llama"], dtype="bfloat16"))
+    assert next(ex.runner.model.parameters()).dtype == torch.bfloat16
+    assert ex.initialize_kv_cache() == 64
+    assert ex.runner.kv_caches[0][0].dtype == torch.bfloat16
+    sched = ManualScheduler(4, 64)
+    sched.add("x", [3, 4, 5], max_tokens=3)
+    assert len(sched.run(ex)["x"]) == 3
+    ex = DefaultExecutor(make_config(model_dirs["llama"], dtype="auto"))
+    assert ex.dtype == torch.float32
+
+
+def test_scheduling_past_known_blocks_raises_and_empty_step(model_dirs: dict[str, Path]) -> None:
+    ex = _executor(model_dirs["llama"])
+    assert ex.execute_model(SchedulerOutput.make_empty()).req_ids == []
+    sched = ManualScheduler(4, 64)
+    sched.add("x", [3, 4, 5, 6, 7], max_tokens=3)
+    so = sched.schedule()
+    so.scheduled_new_reqs[0].block_ids = [1]  # 5 tokens need 2 blocks of 4
+    with pytest.raises(ValueError, match="no KV block"):
+        ex.execute_model(so)
+
+
+def test_sleep_and_wake_up(model_dirs: dict[str, Path]) -> None:
+    path = model_dirs["llama"]
+    ex = _executor(path)
+    ex.sleep(1)
+    assert ex.is_sleeping and not ex.runner.kv_caches
+    with pytest.raises(RuntimeError, match="sleeping"):
+        ex.execute_model(SchedulerOutput.make_empty())
+    ex.wake_up(["kv_cache"])
+    ex.wake_up(["weights"])
+    assert not ex.is_sleeping and ex.runner.num_kv_blocks == 64
+    ex.sleep(2)
+    assert ex.runner.model is None
+    ex.wake_up()
+    sched = ManualScheduler(4, 64)
+    sched.add("x", [8, 9, 10], max_tokens=4)
+    assert sched.run(ex)["x"] == hf_greedy(path, [8, 9, 10], 4)
+    ex.shutdown()
+    ex.shutdown()
+
+
+def test_failure_callbacks_and_health(model_dirs: dict[str, Path]) -> None:
+    ex = _executor(model_dirs["llama"])
+    calls: list[str] = []
+    ex.register_failure_callback(lambda: calls.append("a"))
+    ex.check_health()
+    ex._report_failure()
+    ex._report_failure()
+    assert calls == ["a"]
+    with pytest.raises(RuntimeError, match="failed"):
+        ex.check_health()
+    ex.register_failure_callback(lambda: calls.append("late"))
+    assert calls == ["a", "late"]
+
+
+def test_registered_under_default_cpu_and_cuda() -> None:
+    from vllite.plugin_manager import get_registry
+    from vllite.plugins.executor.executor import CPUExecutor, CUDAExecutor
+
+    registry = get_registry("executors")
+    assert registry["default"] is DefaultExecutor
+    assert registry["cpu"] is CPUExecutor and registry["cuda"] is CUDAExecutor
+
+
+def test_import_vllite_executor_does_not_import_torch() -> None:
+    import subprocess
+
+    code = "import sys, vllite.executor, vllite.plugins.executor.plugin; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_transformers_builds_no_attention_mask_for_our_path(
+    model_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from transformers import AttentionInterface
+    from vllite.plugins.executor import attention
+
+    seen: list[object] = []
+
+    def spy(
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        **kwargs: object,
+    ) -> tuple[torch.Tensor, None]:
+        seen.append(attention_mask)
+        return attention.paged_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    for arch in ("llama", "gemma2"):  # gemma2 also has sliding-window layers
+        ex = _executor(model_dirs[arch])
+        monkeypatch.setitem(AttentionInterface._global_mapping, attention.ATTN_IMPLEMENTATION, spy)
+        sched = ManualScheduler(4, 64)
+        sched.add("a", list(range(3, 15)), max_tokens=2)
+        sched.add("b", [4, 5], max_tokens=2)
+        sched.run(ex)
+    assert len(seen) == 2 * 2 * 2 and all(mask is None for mask in seen)
+
+
+@pytest.mark.cuda
+def test_cuda_executor_matches_hf_and_sizes_kv_from_gpu_memory(model_dirs: dict[str, Path]) -> None:
+    path = model_dirs["llama"]
+    cfg = make_config(path)
+    cfg.cache_config.num_gpu_blocks_override = None
+    cfg.cache_config.gpu_memory_utilization = 0.05
+    cfg.device_config.device = "cuda"
+    ex = DefaultExecutor(cfg)
+    num_blocks = ex.initialize_kv_cache()
+    assert num_blocks > 1000 and ex.runner.kv_caches[0][0].is_cuda
+    sched = ManualScheduler(4, 256, chunk=5, budget=32)  # uses the first blocks only
+    prompts = _prompts(16, seed=11)
+    for req_id, prompt in prompts.items():
+        sched.add(req_id, prompt, max_tokens=6)
+    sched.add("seeded", [11, 12, 13], SamplingParams(temperature=1.0, seed=3, max_tokens=6), max_tokens=6)
+    got = sched.run(ex)
+    for req_id, prompt in prompts.items():
+        assert got[req_id] == hf_greedy(path, prompt, 6), req_id
+    alone = ManualScheduler(4, 256)
+    alone.add("seeded", [11, 12, 13], SamplingParams(temperature=1.0, seed=3, max_tokens=6), max_tokens=6)
+    assert alone.run(ex)["seeded"] == got["seeded"]
+    ex.sleep(1)
+    ex.wake_up()
+    ex.shutdown()
