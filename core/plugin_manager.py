@@ -33,6 +33,8 @@ ENTRY_POINT_GROUP = "vllite"
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "vllite.schedulers.builtin",
     "vllite.schedulers.trace",
+    "vllite.schedulers.continuum_plugin",
+    "vllite.schedulers.bench_plugin",
     "vllite.builtin_logitsprocs.plugin",
     "vllite.plugins.executor.plugin",
     "vllite.engine.builtin_plugin",

@@ -50,7 +50,10 @@ class EngineCore:
         self.model_executor = executor_class(config)
         try:
             num_blocks = self.model_executor.initialize_kv_cache()
-            self.scheduler = create_scheduler(config, num_blocks, log_stats=self.log_stats)
+            # An executor with its own clock (the simulated one: virtual time) shares it with the scheduler.
+            clock = getattr(self.model_executor, "clock", None)
+            clock_kwargs = {"clock": clock} if callable(clock) else {}
+            self.scheduler = create_scheduler(config, num_blocks, log_stats=self.log_stats, **clock_kwargs)
         except Exception:
             self.model_executor.shutdown()
             raise
@@ -86,8 +89,7 @@ class EngineCore:
 
     # ------------------------------------------------------------------ stepping
     def _execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        if scheduler_output.total_num_scheduled_tokens == 0:
-            return ModelRunnerOutput.empty()
+        # Called even for an empty step: the executor must still drop finished and preempted requests.
         return self.model_executor.execute_model(scheduler_output)
 
     def _after_execute(self, model_output: ModelRunnerOutput) -> None:
@@ -126,8 +128,9 @@ class EngineCore:
                 if len(self.batch_queue) < self.batch_queue_size and not self.batch_queue[-1][0].done():
                     return None, True
             else:
-                # Nothing to run, but finished/aborted bookkeeping must still reach the clients.
-                outputs = self.scheduler.update_from_output(scheduler_output, ModelRunnerOutput.empty())
+                # Nothing to run, but finished/aborted bookkeeping must still reach the executor and clients.
+                model_output = self._execute(scheduler_output)
+                outputs = self.scheduler.update_from_output(scheduler_output, model_output)
                 if not self.batch_queue:
                     return outputs, False
         if not self.batch_queue:

@@ -68,9 +68,12 @@ class LogprobsProcessor:
 
     def _update_sample_logprobs(self, lists: LogprobsLists) -> None:
         assert self.logprobs is not None and self.cumulative_logprob is not None
+        # The engine returns the batch's largest top-N for every row; keep this request's own N (+ the sample).
+        width = _columns(self.num_logprobs)
         for token_ids, logprobs, rank in zip(
             lists.logprob_token_ids, lists.logprobs, lists.sampled_token_ranks
         ):
+            token_ids, logprobs = token_ids[:width], logprobs[:width]
             self.cumulative_logprob += float(logprobs[0])
             decoded = decode_tokens(self.tokenizer, token_ids)
             self.logprobs.append(make_logprob_dict(token_ids, logprobs, rank, decoded))
@@ -82,8 +85,15 @@ class LogprobsProcessor:
         token_ids = _to_list(tensors.logprob_token_ids)
         logprobs = _to_list(tensors.logprobs)
         ranks = _to_list(tensors.selected_token_ranks)
+        width = _columns(self.num_prompt_logprobs)
         for ids, lps, rank in zip(token_ids, logprobs, ranks):
+            ids, lps = ids[:width], lps[:width]
             self.prompt_logprobs.append(make_logprob_dict(ids, lps, rank, decode_tokens(self.tokenizer, ids)))
+
+
+def _columns(num: int | None) -> int | None:
+    """Columns to keep: the chosen token plus ``num`` top tokens; -1 (whole vocabulary) keeps all."""
+    return None if num is None or num < 0 else num + 1
 
 
 def _to_list(value: Any) -> list[Any]:

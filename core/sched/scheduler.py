@@ -44,6 +44,9 @@ class Scheduler(OutputUpdateMixin, SchedulerInterface):
     - :meth:`on_step_start` — housekeeping at the top of every ``schedule()`` (e.g. releasing expired pins),
       before any allocation decision.
     - :meth:`on_request_arrival` — bookkeeping when a request arrives, before it is queued.
+    - :meth:`on_request_admitted` — bookkeeping when a waiting request is admitted to running.
+    - :meth:`on_admission_blocked` — the head of the waiting queue cannot get KV blocks: release blocks held
+      outside the scheduler's requests (e.g. pins) and retry, or stop admitting for this step.
 
     Contract with the executor (``vllite.sched.output``): first-time requests and requests resumed after a
     preemption come as ``NewRequestData`` (resumed ones carry their output tokens; the workers dropped them on
@@ -139,6 +142,19 @@ class Scheduler(OutputUpdateMixin, SchedulerInterface):
 
     def on_request_arrival(self, request: Request) -> None:
         """Bookkeeping for a newly arrived request, before it is queued. Default: nothing."""
+
+    def on_request_admitted(self, request: Request) -> None:
+        """Bookkeeping for a waiting request (new or preempted) just admitted to running: its blocks, prefix-cache
+        hits included, are allocated and it has left the waiting queue. Default: nothing."""
+
+    def on_admission_blocked(self, request: Request) -> bool:
+        """The head of the waiting queue, ``request``, cannot get KV blocks (and nothing was preempted this step).
+
+        Return True after releasing something (e.g. one pinned request's blocks): the algorithm then looks at the
+        head of the queue again and retries. Return False when there is nothing to release: admission stops for
+        this step. Each True must release something, or the step never ends. Default: False.
+        """
+        return False
 
     # ------------------------------------------------------------------ requests in and out
     def add_request(self, request: Request) -> None:
@@ -299,6 +315,8 @@ class Scheduler(OutputUpdateMixin, SchedulerInterface):
                     break  # whole prompt or nothing
                 new_blocks = kv.allocate_slots(request, num_new, num_hit, hit_blocks, num_lookahead_tokens=lookahead)
                 if new_blocks is None:
+                    if self.on_admission_blocked(request):
+                        continue  # the policy released blocks: look at the (possibly new) head again
                     break  # out of blocks: no preemption to admit
                 waiting.pop_request()
                 running.append(request)
@@ -317,6 +335,7 @@ class Scheduler(OutputUpdateMixin, SchedulerInterface):
                 token_budget -= num_new
                 if tracing:
                     prefix_hits[request_id] = num_hit
+                self.on_request_admitted(request)
 
         total = initial_budget - token_budget
         assert 0 <= total <= self.max_num_scheduled_tokens, (total, self.max_num_scheduled_tokens)

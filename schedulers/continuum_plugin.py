@@ -1,0 +1,32 @@
+"""The builtin Continuum plugin: registers the ``continuum`` scheduler, the tool-call estimators ``fixed`` and
+``utility`` and the tool-call parsers, through the same hooks third parties use."""
+
+from __future__ import annotations
+
+from vllite.hookspecs import Register, hookimpl
+
+
+@hookimpl
+def vllite_register_schedulers(register: Register) -> None:
+    """Registers ``continuum`` (ContinuumScheduler)."""
+    from vllite.schedulers.continuum import ContinuumScheduler
+
+    register("continuum", ContinuumScheduler)
+
+
+@hookimpl
+def vllite_register_tool_call_estimators(register: Register) -> None:
+    """Registers ``fixed`` (the released fork's 2 s rule) and ``utility`` (the paper's Eq. 2, the default)."""
+    from vllite.schedulers.estimators import FixedTTLEstimator, UtilityEstimator
+
+    register("fixed", FixedTTLEstimator)
+    register("utility", UtilityEstimator)
+
+
+@hookimpl
+def vllite_register_tool_parsers(register: Register) -> None:
+    """Registers ``auto``, ``bash``, ``openai``, ``hermes`` and ``llama``."""
+    from vllite.schedulers.tool_parsers import PARSERS
+
+    for name, cls in PARSERS.items():
+        register(name, cls)
