@@ -127,6 +127,18 @@ class EngineConfig:
 VllmConfig = EngineConfig
 
 
+def _json_dict(text: str) -> dict[str, Any]:
+    import json
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
 def _help(text: str, **extra: Any) -> dict[str, Any]:
     return {"help": text, **extra}
 
@@ -135,12 +147,8 @@ def _help(text: str, **extra: Any) -> dict[str, Any]:
 class EngineArgs:
     """Engine arguments with vLLM's names; ``create_engine_config()`` validates and groups them."""
 
-    model: str | None = field(
-        default=None, metadata=_help("Path to a local model folder (default: the demo model).")
-    )
-    tokenizer: str | None = field(
-        default=None, metadata=_help("Tokenizer folder (default: the model folder).")
-    )
+    model: str | None = field(default=None, metadata=_help("Path to a local model folder (default: the demo model)."))
+    tokenizer: str | None = field(default=None, metadata=_help("Tokenizer folder (default: the model folder)."))
     dtype: str = field(default="auto", metadata=_help("Model dtype.", choices=DTYPES))
     max_model_len: int | None = field(default=None, metadata=_help("Context length (default: the model's)."))
     seed: int = field(default=0, metadata=_help("Seed for sampling without a per-request seed."))
@@ -152,21 +160,15 @@ class EngineArgs:
         default="sha256",
         metadata=_help("Block hash: sha256 (collision-resistant) or fast.", choices=HASH_ALGOS),
     )
-    num_gpu_blocks_override: int | None = field(
-        default=None, metadata=_help("Use exactly this many KV blocks.")
-    )
-    gpu_memory_utilization: float = field(
-        default=0.9, metadata=_help("Fraction of GPU memory for the engine.")
-    )
+    num_gpu_blocks_override: int | None = field(default=None, metadata=_help("Use exactly this many KV blocks."))
+    gpu_memory_utilization: float = field(default=0.9, metadata=_help("Fraction of GPU memory for the engine."))
     cpu_kvcache_space: float | None = field(
         default=None, metadata=_help("KV-cache GiB on the CPU (default: $VLLITE_CPU_KVCACHE_SPACE or 4).")
     )
     max_num_seqs: int = field(default=128, metadata=_help("Most requests running at once."))
     max_num_batched_tokens: int | None = field(default=None, metadata=_help("Token budget per step."))
     enable_chunked_prefill: bool = field(default=True, metadata=_help("Split long prompts across steps."))
-    long_prefill_token_threshold: int = field(
-        default=0, metadata=_help("Cap on one prompt's tokens per step.")
-    )
+    long_prefill_token_threshold: int = field(default=0, metadata=_help("Cap on one prompt's tokens per step."))
     scheduler_cls: str | None = field(
         default=None, metadata=_help("Scheduler: a registered name (fcfs, priority, ...) or pkg.mod:Class.")
     )
@@ -174,13 +176,15 @@ class EngineArgs:
         default="fcfs", metadata=_help("Scheduling policy when --scheduler-cls is not given.")
     )
     tool_call_estimator: str = field(default="utility", metadata=_help("Tool-call estimator (continuum)."))
+    policy_args: dict[str, Any] = field(
+        default_factory=dict,
+        metadata=_help("Scheduler-policy settings as JSON, e.g. '{\"eta\": 1.5}'.", cli_type=_json_dict),
+    )
     batch_queue_depth: int = field(default=1, metadata=_help("Batches in flight (pipelined step if > 1)."))
     logits_processors: list[Any] | None = field(
         default=None, metadata=_help("Extra logits processors as class paths.", nargs="*")
     )
-    device: str = field(
-        default="auto", metadata=_help("Device: auto, cpu, cuda, or a registered executor's.")
-    )
+    device: str = field(default="auto", metadata=_help("Device: auto, cpu, cuda, or a registered executor's."))
     executor: str = field(default="default", metadata=_help("Executor plugin name."))
     disable_log_stats: bool = field(default=True, metadata=_help("Do not collect per-step stats."))
     plugin_config: dict[str, Any] = field(default_factory=dict, metadata={"cli": False})
@@ -196,7 +200,10 @@ class EngineArgs:
             kwargs: dict[str, Any] = {"dest": f.name, "default": f.default, "help": f.metadata.get("help")}
             if "choices" in f.metadata:
                 kwargs["choices"] = f.metadata["choices"]
-            if f.type in ("bool",):
+            if "cli_type" in f.metadata:
+                kwargs["type"] = f.metadata["cli_type"]
+                kwargs["default"] = None
+            elif f.type in ("bool",):
                 kwargs["action"] = argparse.BooleanOptionalAction
             elif "nargs" in f.metadata:
                 kwargs["nargs"] = f.metadata["nargs"]
@@ -208,7 +215,10 @@ class EngineArgs:
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in vars(args).items() if k in names})
+        kwargs = {k: v for k, v in vars(args).items() if k in names}
+        if kwargs.get("policy_args") is None:
+            kwargs.pop("policy_args", None)
+        return cls(**kwargs)
 
     # ------------------------------------------------------------------ config
     def create_engine_config(self) -> EngineConfig:
@@ -227,9 +237,7 @@ class EngineArgs:
         if self.max_model_len is not None:
             _positive("max_model_len", self.max_model_len)
         if self.long_prefill_token_threshold < 0:
-            raise ValueError(
-                f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}."
-            )
+            raise ValueError(f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}.")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.")
         if self.scheduling_policy not in SCHEDULING_POLICIES:
@@ -241,9 +249,7 @@ class EngineArgs:
         if cpu_space is None:
             cpu_space = float(os.environ.get("VLLITE_CPU_KVCACHE_SPACE", "4"))
         if cpu_space <= 0:
-            raise ValueError(
-                f"cpu_kvcache_space (VLLITE_CPU_KVCACHE_SPACE) must be > 0 GiB, got {cpu_space}."
-            )
+            raise ValueError(f"cpu_kvcache_space (VLLITE_CPU_KVCACHE_SPACE) must be > 0 GiB, got {cpu_space}.")
 
         from vllite.assets import default_model_path
 
@@ -275,6 +281,7 @@ class EngineArgs:
                 scheduling_policy=self.scheduling_policy,
                 batch_queue_depth=self.batch_queue_depth,
                 tool_call_estimator=self.tool_call_estimator,
+                policy_args=dict(self.policy_args),
             ),
             device_config=DeviceConfig(device=self.device),
             observability_config=ObservabilityConfig(log_stats=not self.disable_log_stats),
