@@ -38,6 +38,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "vllite.builtin_logitsprocs.plugin",
     "vllite.plugins.executor.plugin",
     "vllite.engine.builtin_plugin",
+    "vllite.plugins.engine_proc.plugin",
     "vllite.cli_commands",
 )
 

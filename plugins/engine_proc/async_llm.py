@@ -1,0 +1,259 @@
+"""``AsyncLLM``: the asyncio frontend. Many concurrent ``generate()`` streams share one engine process.
+
+One output-handler task per event loop pulls ``EngineCoreOutputs`` from the ``AsyncMPClient``, runs the
+``OutputProcessor`` (detokenize, stop strings, n > 1) and puts each ``RequestOutput`` into its request's
+``RequestOutputCollector``; each ``generate()`` iterator reads only its own collector. Cancelling an iterator
+(task cancellation or ``aclose()``) aborts the request in the engine. If the engine dies, every open iterator
+raises ``EngineDeadError``.
+
+    llm = AsyncLLM(model="path/to/model")
+    async for out in llm.generate("Hello", SamplingParams(output_kind=RequestOutputKind.DELTA), "req-1"):
+        print(out.outputs[0].text, end="")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from vllite.config import EngineArgs, EngineConfig
+from vllite.exceptions import EngineDeadError
+from vllite.outputs import RequestOutput
+from vllite.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+# Outputs processed per slice before yielding to the event loop (keeps the loop responsive under big batches).
+OUTPUT_CHUNK_SIZE = 128
+
+PromptType = str | Mapping[str, Any] | list[int]
+
+
+class AsyncLLM:
+    """An asyncio engine: ``AsyncLLM(model=..., **engine_kwargs)`` or ``AsyncLLM.from_engine_args(args)``."""
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        config: EngineConfig | None = None,
+        log_stats: bool = False,
+        **engine_kwargs: Any,
+    ) -> None:
+        from vllite.engine.core_client import make_client
+        from vllite.engine.input_processor import InputProcessor
+        from vllite.engine.output_processor import OutputProcessor
+        from vllite.engine.tokenizer import get_tokenizer
+
+        if config is None:
+            config = EngineArgs(model=model, **engine_kwargs).create_engine_config()
+        elif model is not None or engine_kwargs:
+            raise ValueError("Pass either config= or model/engine keyword arguments, not both.")
+        self.config = config
+        model_config = config.model_config
+        self.tokenizer = (
+            None
+            if model_config.skip_tokenizer_init
+            else get_tokenizer(
+                model_config.tokenizer or model_config.model, trust_remote_code=model_config.trust_remote_code
+            )
+        )
+        self.logitsproc_classes = _load_logitsproc_classes(config)
+        self.engine_core: Any = make_client(config, multiprocess=True, asyncio_mode=True, log_stats=log_stats)
+        if self.engine_core.max_model_len is not None:
+            config.set_max_model_len(self.engine_core.max_model_len)
+        self.input_processor = _make_input_processor(InputProcessor, config, self.tokenizer, self.logitsproc_classes)
+        self.output_processor = OutputProcessor(self.tokenizer, log_stats=log_stats)
+        self._output_handler: asyncio.Task | None = None
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs, **kwargs: Any) -> AsyncLLM:
+        return cls(config=engine_args.create_engine_config(), **kwargs)
+
+    # ------------------------------------------------------------------ state
+    @property
+    def errored(self) -> bool:
+        return self.engine_core.is_engine_dead
+
+    @property
+    def is_running(self) -> bool:
+        return not self.errored and not self.engine_core.resources.closed
+
+    @property
+    def dead_error(self) -> BaseException:
+        return EngineDeadError()
+
+    def get_tokenizer(self) -> Any:
+        return self.tokenizer
+
+    # ------------------------------------------------------------------ requests
+    async def add_request(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams | None = None,
+        *,
+        arrival_time: float | None = None,
+        priority: int = 0,
+    ) -> Any:
+        """Validates and submits one prompt; returns its ``RequestOutputCollector``."""
+        from vllite.engine.output_processor import RequestOutputCollector
+        from vllite.engine.parallel_sampling import ParentRequest
+
+        if self.errored:
+            raise EngineDeadError()
+        self._ensure_output_handler()
+        params = params or SamplingParams()
+        request = self.input_processor.process_inputs(
+            request_id, prompt, params, arrival_time=arrival_time or time.time(), priority=priority
+        )
+        queue = RequestOutputCollector(output_kind=params.output_kind)
+        prompt_text = (
+            prompt if isinstance(prompt, str) else (prompt.get("prompt") if isinstance(prompt, Mapping) else None)
+        )
+        if request.params.n == 1:
+            self.output_processor.add_request(request, prompt_text, None, 0, queue)
+            await self.engine_core.add_request_async(request)
+            return queue
+        import msgspec
+
+        parent = ParentRequest(request)
+        for index in range(request.params.n):
+            child_id, child_params = parent.get_child_info(index)
+            child = msgspec.structs.replace(request, request_id=child_id, sampling_params=child_params)
+            self.output_processor.add_request(child, prompt_text, parent, index, queue)
+            await self.engine_core.add_request_async(child)
+        return queue
+
+    async def generate(
+        self,
+        prompt: PromptType,
+        sampling_params: SamplingParams | None,
+        request_id: str,
+        *,
+        priority: int = 0,
+    ) -> AsyncIterator[RequestOutput]:
+        """Streams the request's outputs (DELTA, CUMULATIVE or FINAL_ONLY, per ``sampling_params.output_kind``).
+
+        Cancelling the consuming task, or closing the iterator early, aborts the request in the engine.
+        Raises ``EngineDeadError`` if the engine dies, ``ValueError`` for an invalid prompt or parameters.
+        """
+        queue = await self.add_request(request_id, prompt, sampling_params, priority=priority)
+        finished = False
+        try:
+            while not finished:
+                output = queue.get_nowait() or await queue.get()
+                finished = output.finished
+                yield output
+        except (asyncio.CancelledError, GeneratorExit):
+            if not finished:
+                self._abort_now([request_id])
+            raise
+        except EngineDeadError:
+            raise
+        except BaseException:
+            if not finished:
+                self._abort_now([request_id])
+            raise
+
+    async def abort(self, request_id: str | list[str]) -> None:
+        """Aborts requests by the ids given to ``generate()``; unknown or finished ids are ignored."""
+        self._abort_now([request_id] if isinstance(request_id, str) else list(request_id))
+
+    def _abort_now(self, request_ids: list[str]) -> None:
+        internal = self.output_processor.abort_requests(request_ids)
+        if internal and not self.errored:
+            try:
+                self.engine_core.abort_requests(internal)
+            except (EngineDeadError, RuntimeError):
+                pass  # the engine is gone or shut down: nothing left to abort
+
+    # ------------------------------------------------------------------ the output handler
+    def _ensure_output_handler(self) -> None:
+        loop = asyncio.get_running_loop()
+        task = self._output_handler
+        if task is not None and not task.done() and task.get_loop() is loop:
+            return
+        # Refer to the parts, not to self, so the AsyncLLM can be garbage-collected while the task runs.
+        engine_core, output_processor = self.engine_core, self.output_processor
+        self._output_handler = loop.create_task(_output_handler(engine_core, output_processor), name="vllite-output")
+
+    # ------------------------------------------------------------------ utilities
+    async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        return await self.engine_core.call_utility_async("reset_prefix_cache", reset_running_requests)
+
+    async def pause_generation(self, mode: str = "abort") -> None:
+        await self.engine_core.call_utility_async("pause_scheduler", mode)
+
+    async def resume_generation(self) -> None:
+        await self.engine_core.call_utility_async("resume_scheduler")
+
+    async def sleep(self, level: int = 1) -> None:
+        await self.engine_core.call_utility_async("sleep", level)
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        await self.engine_core.call_utility_async("wake_up", tags)
+
+    async def is_sleeping(self) -> bool:
+        return await self.engine_core.call_utility_async("is_sleeping")
+
+    async def call_utility(self, method: str, *args: Any) -> Any:
+        return await self.engine_core.call_utility_async(method, *args)
+
+    def shutdown(self) -> None:
+        """Stops the output handler and the engine process; idempotent."""
+        task = self._output_handler
+        if task is not None and not task.done():
+            try:
+                task.get_loop().call_soon_threadsafe(task.cancel)
+            except RuntimeError:
+                pass
+        self._output_handler = None
+        engine_core = getattr(self, "engine_core", None)
+        if engine_core is not None:
+            engine_core.shutdown()
+
+    def __del__(self) -> None:
+        try:
+            self.shutdown()
+        except Exception:
+            pass
+
+
+def _load_logitsproc_classes(config: EngineConfig) -> Any:
+    """The logits-processor classes, loaded in the frontend too so bad per-request arguments fail at submit."""
+    import vllite.logits_processor as lp
+
+    loader = getattr(lp, "load_logitsproc_classes", None) or getattr(lp, "load_logitsprocs_classes", None)
+    return loader(config) if loader is not None else None
+
+
+def _make_input_processor(cls: type, config: EngineConfig, tokenizer: Any, logitsproc_classes: Any) -> Any:
+    import inspect
+
+    if logitsproc_classes is not None and "logitsproc_classes" in inspect.signature(cls).parameters:
+        return cls(config, tokenizer, logitsproc_classes=logitsproc_classes)
+    return cls(config, tokenizer)
+
+
+async def _output_handler(engine_core: Any, output_processor: Any) -> None:
+    """Pulls engine outputs and routes them to the per-request collectors until the engine stops."""
+    try:
+        while True:
+            outputs = await engine_core.get_output_async()
+            batch = outputs.outputs
+            for start in range(0, len(batch), OUTPUT_CHUNK_SIZE):
+                if start:
+                    await asyncio.sleep(0)
+                processed = output_processor.process_outputs(batch[start : start + OUTPUT_CHUNK_SIZE])
+                if processed.reqs_to_abort:
+                    engine_core.abort_requests(processed.reqs_to_abort)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        if not isinstance(exc, EngineDeadError):
+            logger.exception("AsyncLLM output handler failed")
+        output_processor.propagate_error(exc if isinstance(exc, EngineDeadError) else EngineDeadError())

@@ -1,0 +1,344 @@
+"""The multiprocess engine clients' shared part: launch, handshake, output thread, utility futures, death, cleanup.
+
+``MPClient`` spawns ``EngineCoreProc`` (multiprocessing "spawn"; the config is the process argument), binds a
+ROUTER (requests), a PULL (outputs) and a handshake ROUTER, and performs HELLO → addresses → READY within
+``VLLITE_ENGINE_READY_TIMEOUT_S``. A background thread receives outputs, answers utility futures, and watches the
+child's process sentinel: when the engine dies (a crash, SIGKILL, OOM) or sends ``ENGINE_CORE_DEAD``, every
+waiting call raises ``EngineDeadError``. Nothing in the thread closures refers to the client, so it can be
+garbage-collected; ``weakref.finalize`` then (or ``shutdown()``, or interpreter exit) stops the child and removes
+the sockets and their private directory.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import multiprocessing
+import os
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import zmq
+from vllite.config import EngineConfig
+from vllite.engine.core_client import UTILITY_METHODS, EngineCoreClient
+from vllite.exceptions import EngineDeadError
+from vllite.protocol import EngineCoreOutputs, EngineCoreReadyResponse, EngineCoreRequest, EngineCoreRequestType
+from vllite.serial import MsgpackEncoder
+
+from .client_io import process_outputs_socket
+from .utils import (
+    ENGINE_CORE_DEAD,
+    EndpointFactory,
+    EngineHandshakeMetadata,
+    EngineZmqAddresses,
+    HandshakeStatus,
+    ProcSettings,
+    engine_identity,
+    make_socket,
+)
+
+logger = logging.getLogger(__name__)
+
+_PASSED_ENV_PREFIXES = ("VLLITE_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "CUDA_", "TRITON_", "OMP_")
+
+
+@dataclass
+class BackgroundResources:
+    """Everything the client owns outside Python objects; calling it releases all of it (idempotent).
+
+    Used as the ``weakref.finalize`` callback, so it must not refer back to the client.
+    """
+
+    ctx: zmq.Context | None = None
+    endpoints: EndpointFactory | None = None
+    input_socket: zmq.Socket | None = None
+    output_socket: zmq.Socket | None = None
+    proc: Any = None
+    parent_conn: Any = None
+    shutdown_path: str | None = None
+    output_thread: threading.Thread | None = None
+    shutdown_timeout_s: float = 0.0
+    engine_dead: bool = False
+    closed: bool = False
+    send_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __call__(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._stop_output_thread()
+        self._stop_process()
+        with self.send_lock:
+            for socket in (self.input_socket, self.output_socket):
+                if socket is not None and not socket.closed:
+                    socket.close(linger=0)
+            self.input_socket = self.output_socket = None
+        if self.ctx is not None:
+            self.ctx.destroy(linger=0)
+            self.ctx = None
+        if self.endpoints is not None:
+            self.endpoints.cleanup()
+
+    def _stop_output_thread(self) -> None:
+        thread = self.output_thread
+        if thread is None or not thread.is_alive() or self.ctx is None or self.shutdown_path is None:
+            return
+        wake = self.ctx.socket(zmq.PAIR)
+        try:
+            wake.connect(self.shutdown_path)
+            wake.send(b"", zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
+        finally:
+            wake.close(linger=0)
+        if thread is not threading.current_thread():
+            thread.join(timeout=5.0)
+
+    def _stop_process(self) -> None:
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.is_alive():
+            proc.terminate()  # SIGTERM: the engine drains for shutdown_timeout_s, then exits
+            proc.join(timeout=self.shutdown_timeout_s + 5.0)
+        if proc.is_alive():
+            logger.warning("Engine core process %d did not exit in time; killing it", proc.pid)
+            proc.kill()
+            proc.join(timeout=5.0)
+        if self.parent_conn is not None:
+            self.parent_conn.close()
+            self.parent_conn = None
+
+    def validate_alive(self, frames: list[Any]) -> None:
+        if len(frames) == 1 and frames[0].bytes == ENGINE_CORE_DEAD:
+            self.engine_dead = True
+            raise EngineDeadError()
+
+
+class MPClient(EngineCoreClient):
+    """Runs the engine core in a child process and talks to it over ZMQ (base of the sync and async clients)."""
+
+    def __init__(self, config: EngineConfig, *, log_stats: bool | None = None, executor_class: type | None = None):
+        self.config = config
+        self.settings = ProcSettings.from_config(config)
+        self.resources = resources = BackgroundResources(shutdown_timeout_s=self.settings.shutdown_timeout_s)
+        self._finalizer = weakref.finalize(self, resources)
+        self.encoder = MsgpackEncoder()
+        self.utility_results: dict[int, Future] = {}
+        self._call_ids = itertools.count(1)
+        self._max_model_len: int | None = None
+        self.core_engine = engine_identity(0)
+        try:
+            self._launch(config, log_stats, executor_class)
+        except BaseException:
+            self._finalizer()
+            raise
+
+    # ------------------------------------------------------------------ launch
+    def _launch(self, config: EngineConfig, log_stats: bool | None, executor_class: type | None) -> None:
+        res = self.resources
+        res.ctx = zmq.Context(io_threads=2)
+        res.endpoints = endpoints = EndpointFactory(self.settings.tcp_host)
+        handshake = make_socket(res.ctx, zmq.ROUTER, linger=0, unlimited_hwm=False)
+        res.input_socket = make_socket(res.ctx, zmq.ROUTER, linger=0)
+        res.input_socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        res.output_socket = make_socket(res.ctx, zmq.PULL, linger=0)
+        try:
+            handshake_address = endpoints.bind(handshake, "handshake")
+            addresses = EngineZmqAddresses(
+                inputs=[endpoints.bind(res.input_socket, "input")],
+                outputs=[endpoints.bind(res.output_socket, "output")],
+            )
+            if log_stats is not None:
+                config.observability_config.log_stats = log_stats
+            mp = multiprocessing.get_context("spawn")
+            child_conn, res.parent_conn = mp.Pipe(duplex=False)
+            env = {k: v for k, v in os.environ.items() if k.startswith(_PASSED_ENV_PREFIXES)}
+            res.proc = mp.Process(
+                target=_engine_entry,
+                name="VLLiteEngineCore",
+                args=(config, handshake_address, child_conn, list(sys.path), env, _log_level()),
+                kwargs={"executor_class": executor_class},
+                daemon=True,
+            )
+            res.proc.start()
+            child_conn.close()
+            ready = self._wait_for_engine_startup(handshake, addresses)
+        finally:
+            handshake.close(linger=0)
+        self._max_model_len = ready.max_model_len or None
+        if ready.max_model_len:
+            config.set_max_model_len(ready.max_model_len)
+        config.cache_config.num_gpu_blocks = ready.num_gpu_blocks or None
+        self._start_output_thread()
+
+    def _wait_for_engine_startup(self, handshake: zmq.Socket, addresses: EngineZmqAddresses) -> EngineCoreReadyResponse:
+        """HELLO → send addresses; then wait for the ready frame (input socket) and READY (handshake socket)."""
+        res = self.resources
+        proc = res.proc
+        timeout_s = self.settings.ready_timeout_s
+        deadline = time.monotonic() + timeout_s
+        poller = zmq.Poller()
+        poller.register(handshake, zmq.POLLIN)
+        poller.register(res.input_socket, zmq.POLLIN)
+        poller.register(proc.sentinel, zmq.POLLIN)
+        ready: EngineCoreReadyResponse | None = None
+        got_ready_status = False
+        while ready is None or not got_ready_status:
+            remaining = deadline - time.monotonic()
+            events = dict(poller.poll(timeout=max(0, int(remaining * 1000)))) if remaining > 0 else {}
+            if not events:
+                raise TimeoutError(
+                    f"Timed out waiting for the engine core process to start. Waited {timeout_s:g}s "
+                    "(configured by VLLITE_ENGINE_READY_TIMEOUT_S). Slow model loading is the usual cause; "
+                    "to wait longer set VLLITE_ENGINE_READY_TIMEOUT_S=<seconds>."
+                )
+            if handshake in events:
+                identity, payload = handshake.recv_multipart()
+                status = msgspec.msgpack.decode(payload, type=HandshakeStatus)
+                if status.status == "HELLO":
+                    metadata = EngineHandshakeMetadata(addresses=addresses)
+                    handshake.send_multipart([identity, msgspec.msgpack.encode(metadata)])
+                elif status.status == "READY":
+                    got_ready_status = True
+            if res.input_socket in events:
+                identity, payload = res.input_socket.recv_multipart()
+                if identity != self.core_engine:
+                    raise RuntimeError(f"Unexpected engine identity {identity!r} during start-up.")
+                ready = msgspec.msgpack.decode(payload, type=EngineCoreReadyResponse)
+            if proc.sentinel in events or not proc.is_alive():
+                proc.join(timeout=1.0)
+                raise RuntimeError(
+                    f"Engine core initialization failed (exit code {proc.exitcode}); see the root cause above. "
+                    'If your script calls LLM() at module level, guard it with `if __name__ == "__main__":` '
+                    "(the engine process is started with the 'spawn' method)."
+                )
+        return ready
+
+    def _start_output_thread(self) -> None:
+        res = self.resources
+        res.shutdown_path = f"inproc://vllite-output-shutdown-{id(self):x}-{os.getpid()}"
+        sink = self._make_output_sink()
+        started = threading.Event()
+        res.output_thread = threading.Thread(
+            target=process_outputs_socket,
+            args=(res, res.output_socket, res.shutdown_path, res.proc.sentinel, self.utility_results, sink, started),
+            name="EngineCoreOutputQueueThread",
+            daemon=True,
+        )
+        res.output_thread.start()
+        started.wait(timeout=10)
+
+    def _make_output_sink(self) -> Callable[[EngineCoreOutputs | BaseException], None]:
+        """What the output thread calls with each batch of outputs, or with the terminal exception."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ sending
+    @property
+    def max_model_len(self) -> int | None:
+        return self._max_model_len
+
+    def ensure_alive(self) -> None:
+        if self.resources.engine_dead:
+            raise EngineDeadError()
+        if self.resources.closed:
+            raise RuntimeError("The engine client has been shut down.")
+
+    def _send_input(self, request_type: EngineCoreRequestType, request: Any) -> None:
+        self.ensure_alive()
+        frames = self.encoder.encode(request)
+        with self.resources.send_lock:
+            socket = self.resources.input_socket
+            if socket is None:
+                raise RuntimeError("The engine client has been shut down.")
+            try:
+                socket.send_multipart((self.core_engine, request_type.value, *frames), copy=False)
+            except zmq.ZMQError as exc:  # EHOSTUNREACH: the engine's socket is gone
+                if exc.errno == zmq.EHOSTUNREACH:
+                    raise EngineDeadError(f"The engine core is unreachable: {exc}") from None
+                raise
+
+    def _new_utility_future(self, method: str) -> tuple[int, Future]:
+        if method not in UTILITY_METHODS:
+            raise ValueError(
+                f"Unknown or disallowed engine utility {method!r}; allowed: {', '.join(sorted(UTILITY_METHODS))}."
+            )
+        call_id = next(self._call_ids)
+        future: Future = Future()
+        with self.resources.send_lock:
+            if self.resources.engine_dead:
+                raise EngineDeadError()
+            self.utility_results[call_id] = future
+        return call_id, future
+
+    def _send_utility(self, method: str, args: tuple[Any, ...]) -> Future:
+        call_id, future = self._new_utility_future(method)
+        try:
+            self._send_input(EngineCoreRequestType.UTILITY, (0, call_id, method, list(args)))
+        except BaseException:
+            self.utility_results.pop(call_id, None)
+            raise
+        return future
+
+    # ------------------------------------------------------------------ shutdown
+    def shutdown(self) -> None:
+        """Stops the output thread and the engine process and removes sockets; idempotent."""
+        self._finalizer()
+
+    @property
+    def is_engine_dead(self) -> bool:
+        return self.resources.engine_dead
+
+
+def _engine_entry(*args: Any, **kwargs: Any) -> None:
+    from .entry import run_engine_core
+
+    run_engine_core(*args, **kwargs)
+
+
+def _log_level() -> int:
+    level = logging.getLogger("vllite").getEffectiveLevel()
+    return level if level != logging.NOTSET else logging.INFO
+
+
+class SyncMPClient(MPClient):
+    """The default engine client of ``LLM``/``LLMEngine``: blocking calls over an output queue."""
+
+    def __init__(self, config: EngineConfig, *, log_stats: bool | None = None, executor_class: type | None = None):
+        import queue
+
+        self.outputs_queue: queue.Queue[EngineCoreOutputs | BaseException] = queue.Queue()
+        super().__init__(config, log_stats=log_stats, executor_class=executor_class)
+
+    def _make_output_sink(self) -> Callable[[EngineCoreOutputs | BaseException], None]:
+        return self.outputs_queue.put_nowait
+
+    def get_output(self) -> EngineCoreOutputs:
+        """Blocks for the next outputs; raises ``EngineDeadError`` (sticky) once the engine has died."""
+        if self.resources.engine_dead and self.outputs_queue.empty():
+            raise EngineDeadError(suppress_context=True)
+        outputs = self.outputs_queue.get()
+        if isinstance(outputs, BaseException):
+            self.outputs_queue.put_nowait(outputs)  # keep it for every later (or concurrent) caller
+            if self.resources.engine_dead:
+                raise EngineDeadError(suppress_context=True) from None
+            raise outputs
+        return outputs
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        self._send_input(EngineCoreRequestType.ADD, request)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        if request_ids and not self.resources.engine_dead and not self.resources.closed:
+            self._send_input(EngineCoreRequestType.ABORT, list(request_ids))
+
+    def call_utility(self, method: str, *args: Any) -> Any:
+        """Calls an allow-listed engine method in the engine process and waits for its result."""
+        return self._send_utility(method, args).result()

@@ -1,0 +1,105 @@
+"""The client's output thread: decode engine outputs, answer utility futures, detect engine death.
+
+The thread body refers only to the client's ``BackgroundResources``, queues and futures, never to the client
+itself, so an unreferenced client can still be garbage-collected (its finalizer then stops this thread).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import zmq
+from vllite.exceptions import EngineDeadError
+from vllite.protocol import EngineCoreOutputs
+from vllite.serial import MsgpackDecoder
+
+logger = logging.getLogger(__name__)
+
+
+def process_outputs_socket(
+    resources: Any,
+    out_socket: zmq.Socket,
+    shutdown_path: str,
+    proc_sentinel: int,
+    utility_results: dict[int, Future],
+    sink: Callable[[EngineCoreOutputs | BaseException], None],
+    started: threading.Event,
+) -> None:
+    """The client's output thread: decode outputs, resolve utility futures, detect engine death (no ``self``)."""
+    decoder = MsgpackDecoder(EngineCoreOutputs)
+    shutdown_socket = resources.ctx.socket(zmq.PAIR)  # type: ignore[union-attr]
+    try:
+        shutdown_socket.bind(shutdown_path)
+        started.set()
+        poller = zmq.Poller()
+        poller.register(shutdown_socket, zmq.POLLIN)
+        poller.register(out_socket, zmq.POLLIN)
+        poller.register(proc_sentinel, zmq.POLLIN)
+        while True:
+            events = dict(poller.poll())
+            if shutdown_socket in events:
+                break
+            if out_socket in events:
+                _handle_output_frames(out_socket.recv_multipart(copy=False), resources, decoder, utility_results, sink)
+            elif proc_sentinel in events:
+                # The process exited: deliver what it sent before dying, then declare it dead.
+                while out_socket.poll(timeout=0):
+                    _handle_output_frames(
+                        out_socket.recv_multipart(copy=False), resources, decoder, utility_results, sink
+                    )
+                if resources.closed:
+                    break
+                resources.engine_dead = True
+                raise EngineDeadError("The engine core process died unexpectedly; see its log above for the cause.")
+    except BaseException as exc:
+        if isinstance(exc, EngineDeadError) or resources.engine_dead:
+            resources.engine_dead = True
+            logger.error("Engine core died: %s", exc)
+            exc = EngineDeadError(suppress_context=True)
+        elif resources.closed:
+            return
+        else:
+            logger.exception("The engine client's output thread failed")
+        _fail_pending(resources, utility_results, exc)
+        sink(exc)
+    finally:
+        started.set()
+        shutdown_socket.close(linger=0)
+        out_socket.close(linger=0)
+
+
+def _handle_output_frames(
+    frames: list[Any],
+    resources: Any,
+    decoder: MsgpackDecoder,
+    utility_results: dict[int, Future],
+    sink: Callable[[EngineCoreOutputs | BaseException], None],
+) -> None:
+    resources.validate_alive(frames)
+    outputs: EngineCoreOutputs = decoder.decode(frames)
+    if outputs.utility_output is not None:
+        output = outputs.utility_output
+        future = utility_results.pop(output.call_id, None)
+        if future is None:
+            logger.warning("Utility answer for unknown call id %d", output.call_id)
+        elif not future.done():
+            if output.failure_message is not None:
+                future.set_exception(RuntimeError(output.failure_message))
+            else:
+                future.set_result(output.result.result if output.result is not None else None)
+        if not outputs.outputs:
+            return
+    sink(outputs)
+
+
+def _fail_pending(resources: Any, utility_results: dict[int, Future], exc: BaseException) -> None:
+    with resources.send_lock:
+        pending = list(utility_results.values())
+        utility_results.clear()
+    for future in pending:
+        if not future.done():
+            future.set_exception(exc if isinstance(exc, Exception) else EngineDeadError())

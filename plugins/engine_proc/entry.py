@@ -1,0 +1,142 @@
+"""The engine-core child process: entry point, signal handling and parent-death watch.
+
+``run_engine_core`` is the ``multiprocessing`` (spawn) target. Plugins are loaded in the child by the plugin
+manager on first use, from the ``sys.path`` and environment the parent passed on, so a scheduler or logits
+processor from a third-party distribution works across the process boundary.
+
+SIGTERM / SIGINT request a shutdown (RUNNING → REQUESTED): the handler only writes a byte to a pipe; a watcher
+thread then wakes the busy loop (touching ``queue.Queue`` inside a signal handler could deadlock on its lock).
+If the parent process dies, the same watcher requests an immediate shutdown (drain timeout 0).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import signal
+import sys
+import threading
+from typing import Any
+
+from vllite.config import EngineConfig
+
+logger = logging.getLogger(__name__)
+
+
+def _setup_child(sys_path: list[str], env: dict[str, str], log_level: int) -> None:
+    for entry in reversed(sys_path):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    for key, value in env.items():
+        os.environ.setdefault(key, value)
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig(
+            level=log_level, format="%(levelname)s %(asctime)s [EngineCore pid=%(process)d] %(message)s"
+        )
+    root.setLevel(log_level)
+    try:
+        import setproctitle  # type: ignore[import-not-found]
+
+        setproctitle.setproctitle("vllite::EngineCore")
+    except ImportError:
+        pass
+
+
+class _Watcher:
+    """Turns signals and the parent's death into shutdown requests, outside any signal handler."""
+
+    def __init__(self, parent_conn: Any) -> None:
+        self.engine: Any = None
+        self._parent_conn = parent_conn
+        self._read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._write_fd, False)
+        self._thread = threading.Thread(target=self._run, name="EngineCoreWatcher", daemon=True)
+        self._thread.start()
+
+    def on_signal(self, signum: int, frame: Any) -> None:
+        if self.engine is None:
+            raise SystemExit(128 + signum)  # still starting up: stop loading right away
+        try:
+            os.write(self._write_fd, b"s")
+        except OSError:
+            pass
+
+    def _run(self) -> None:
+        fds = [self._read_fd]
+        if self._parent_conn is not None:
+            fds.append(self._parent_conn.fileno())
+        while True:
+            readable, _, _ = select.select(fds, [], [])
+            if self._read_fd in readable:
+                os.read(self._read_fd, 64)
+                if self.engine is not None:
+                    logger.info("Shutdown requested by signal")
+                    self.engine.request_shutdown()
+            if self._parent_conn is not None and self._parent_conn.fileno() in readable:
+                try:
+                    self._parent_conn.recv_bytes()
+                    continue  # unexpected data: ignore
+                except (EOFError, OSError):
+                    pass
+                logger.warning("The frontend process is gone; shutting down the engine core")
+                fds.remove(self._parent_conn.fileno())
+                if self.engine is not None:
+                    self.engine.request_shutdown(drain_timeout_s=0)
+                else:
+                    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def run_engine_core(
+    config: EngineConfig,
+    handshake_address: str,
+    parent_conn: Any = None,
+    sys_path: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    log_level: int = logging.INFO,
+    engine_index: int = 0,
+    executor_class: type | None = None,
+) -> None:
+    """Child-process entry: builds ``EngineCoreProc`` (which performs the handshake) and runs its busy loop."""
+    _setup_child(sys_path or [], env or {}, log_level)
+    from .core_proc import EngineCoreProc
+
+    watcher = _Watcher(parent_conn)
+    signal.signal(signal.SIGTERM, watcher.on_signal)
+    signal.signal(signal.SIGINT, watcher.on_signal)
+    engine_core: EngineCoreProc | None = None
+    exit_code = 0
+    try:
+        engine_core = EngineCoreProc(
+            config, handshake_address, executor_class=executor_class, engine_index=engine_index
+        )
+        watcher.engine = engine_core
+        engine_core.run_busy_loop()
+    except SystemExit as exc:
+        exit_code = exc.code if isinstance(exc.code, int) else 0
+        if engine_core is not None:
+            engine_core.stop_output_thread()
+    except BaseException:
+        exit_code = 1
+        if engine_core is None:
+            logger.exception("EngineCore failed to start.")
+        else:
+            logger.exception("EngineCore encountered a fatal error.")
+            engine_core._send_engine_dead()
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if engine_core is not None:
+            try:
+                engine_core.shutdown()
+            except Exception:
+                logger.exception("EngineCore shutdown failed")
+    # Skip interpreter teardown (seconds with torch loaded): everything that matters is flushed or closed.
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(exit_code)

@@ -1,0 +1,181 @@
+"""The engine process's I/O threads: decode client frames into queues, and encode outputs onto sockets.
+
+A mixin of ``EngineCoreProc`` (it uses its queues, settings and ``preprocess_add_request``). Frames are decoded
+by msgspec into the expected types only; oversized or malformed frames are logged (rate-limited) and dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from typing import Any
+
+import msgspec
+import zmq
+from vllite.protocol import EngineCoreReadyResponse, EngineCoreRequest, EngineCoreRequestType, FinishReason
+from vllite.serial import DecodeError, MsgpackDecoder, MsgpackEncoder
+
+from .utils import ENGINE_CORE_DEAD, make_socket
+
+logger = logging.getLogger(__name__)
+
+# (client_index, call_id, method_name, positional args)
+UtilityCall = tuple[int, int, str, list[Any]]
+OUTPUT_STOP = object()
+_CLIENT_REQUEST_TYPES = (EngineCoreRequestType.ADD, EngineCoreRequestType.ABORT, EngineCoreRequestType.UTILITY)
+
+
+class DropLog:
+    """Logs dropped frames without flooding: the first ``burst`` of them, then every ``every``-th."""
+
+    def __init__(self, burst: int = 10, every: int = 1000) -> None:
+        self.count = 0
+        self.burst = burst
+        self.every = every
+
+    def __call__(self, reason: str, *args: Any) -> None:
+        self.count += 1
+        if self.count <= self.burst or self.count % self.every == 0:
+            logger.warning("Dropped input frame #%d: " + reason, self.count, *args)
+
+
+class EngineIOThreads:
+    """Input and output thread bodies of ``EngineCoreProc``."""
+
+    config: Any
+    settings: Any
+    num_clients: int
+    input_queue: Any
+    output_queue: Any
+    aborts_queue: Any
+    dropped_frames: DropLog
+    _zmq_ctx: zmq.Context
+
+    def process_input_sockets(self, input_addresses: list[str], identity: bytes, ready_event: threading.Event) -> None:
+        """Input thread: announces readiness on every input socket, then decodes and queues client messages."""
+        decoders = {
+            EngineCoreRequestType.ADD: MsgpackDecoder(EngineCoreRequest),
+            EngineCoreRequestType.ABORT: MsgpackDecoder(list[str]),
+            EngineCoreRequestType.UTILITY: MsgpackDecoder(UtilityCall),
+        }
+        ready = msgspec.msgpack.encode(
+            EngineCoreReadyResponse(
+                max_model_len=self.config.model_config.max_model_len or 0,
+                num_gpu_blocks=self.config.cache_config.num_gpu_blocks or 0,
+            )
+        )
+        poller = zmq.Poller()
+        for address in input_addresses:
+            socket = make_socket(self._zmq_ctx, zmq.DEALER, identity=identity, linger=0)
+            socket.connect(address)
+            socket.send(ready)  # a DEALER must speak first before the client's ROUTER can route to it
+            poller.register(socket, zmq.POLLIN)
+        ready_event.set()
+        while True:
+            for socket, _ in poller.poll():
+                self._handle_input_frames(socket.recv_multipart(copy=False), decoders)
+
+    def _handle_input_frames(self, frames: list[Any], decoders: dict[EngineCoreRequestType, MsgpackDecoder]) -> None:
+        size = sum(len(frame.buffer) if hasattr(frame, "buffer") else len(frame) for frame in frames)
+        if size > self.settings.max_frame_bytes:
+            self.dropped_frames("message of %d bytes exceeds max_frame_bytes=%d", size, self.settings.max_frame_bytes)
+            return
+        if len(frames) < 2:
+            self.dropped_frames("%d frame(s), expected a type frame and a payload", len(frames))
+            return
+        type_bytes = frames[0].bytes if hasattr(frames[0], "bytes") else bytes(frames[0])
+        try:
+            request_type = EngineCoreRequestType(type_bytes)
+        except ValueError:
+            self.dropped_frames("unknown request type %r", type_bytes[:8])
+            return
+        if request_type not in _CLIENT_REQUEST_TYPES:
+            self.dropped_frames("request type %s is not accepted from clients", request_type.name)
+            return
+        try:
+            payload = decoders[request_type].decode(frames[1:])
+        except DecodeError as exc:
+            self.dropped_frames("malformed %s payload: %s", request_type.name, exc)
+            return
+        except Exception as exc:  # never let one frame kill the input thread
+            self.dropped_frames("undecodable %s payload: %s: %s", request_type.name, type(exc).__name__, exc)
+            return
+        if request_type == EngineCoreRequestType.ADD:
+            self._queue_add(payload)
+        elif request_type == EngineCoreRequestType.ABORT:
+            self.aborts_queue.put_nowait(payload)
+            self.input_queue.put_nowait((request_type, payload))
+        else:
+            if not 0 <= payload[0] < self.num_clients:
+                self.dropped_frames("utility call for unknown client %d", payload[0])
+                return
+            self.input_queue.put_nowait((request_type, payload))
+
+    def _queue_add(self, request: EngineCoreRequest) -> None:
+        if not 0 <= request.client_index < self.num_clients:
+            self.dropped_frames("request %r for unknown client %d", request.request_id, request.client_index)
+            return
+        try:
+            preprocessed = self.preprocess_add_request(request)
+        except Exception as exc:
+            logger.error("Preprocessing request %r failed: %s: %s", request.request_id, type(exc).__name__, exc)
+            self._send_finish_outputs_to_client([request.request_id], request.client_index, FinishReason.ERROR)
+            return
+        self.input_queue.put_nowait((EngineCoreRequestType.ADD, preprocessed))
+
+    def process_output_sockets(self, output_addresses: list[str], engine_index: int) -> None:
+        """Output thread: encodes outputs into reused buffers and pushes them to the owning client."""
+        ctx = zmq.Context()  # its own context, terminated here, so lingering messages are flushed on exit
+        encoder = MsgpackEncoder()
+        sockets = []
+        for address in output_addresses:
+            socket = make_socket(ctx, zmq.PUSH, linger=4000)
+            socket.connect(address)
+            sockets.append(socket)
+        reuse_buffers: list[bytearray] = []
+        pending: deque[tuple[zmq.MessageTracker, Any, bytearray]] = deque()
+        max_reuse = len(sockets) + 1
+        try:
+            while True:
+                item = self.output_queue.get()
+                if item is OUTPUT_STOP:
+                    break
+                if isinstance(item, bytes) and item == ENGINE_CORE_DEAD:
+                    for socket in sockets:
+                        socket.send(ENGINE_CORE_DEAD)
+                    break
+                client_index, outputs = item
+                if not 0 <= client_index < len(sockets):
+                    logger.error("Dropping outputs for unknown client %d", client_index)
+                    continue
+                outputs.engine_index = engine_index
+                while pending and pending[-1][0].done:
+                    buffer = pending.pop()[2]
+                    if len(reuse_buffers) < max_reuse:
+                        reuse_buffers.append(buffer)
+                buffer = reuse_buffers.pop() if reuse_buffers else bytearray()
+                try:
+                    frames = encoder.encode_into(outputs, buffer)
+                except BufferError:  # still exported by a zmq frame: use a fresh one
+                    buffer = bytearray()
+                    frames = encoder.encode_into(outputs, buffer)
+                tracker = _send_frames(sockets[client_index], frames)
+                if tracker is None or tracker.done:
+                    if len(reuse_buffers) < max_reuse:
+                        reuse_buffers.append(buffer)
+                else:
+                    pending.appendleft((tracker, outputs, buffer))
+        finally:
+            for socket in sockets:
+                socket.close(linger=4000)
+            ctx.term()
+
+
+def _send_frames(socket: zmq.Socket, frames: list[Any]) -> zmq.MessageTracker | None:
+    """Sends ``[main, *aux]`` zero-copy and returns the tracker of the main (reused) buffer."""
+    last = len(frames) - 1
+    tracker = socket.send(frames[0], zmq.SNDMORE if last else 0, copy=False, track=True)
+    for i, frame in enumerate(frames[1:], start=1):
+        socket.send(frame, zmq.SNDMORE if i < last else 0, copy=False)
+    return tracker

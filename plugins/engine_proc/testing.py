@@ -1,0 +1,53 @@
+"""A model-free executor for testing the engine process: select it with
+``executor="vllite.plugins.engine_proc.testing:FakeTokenExecutor"``.
+
+It samples token ``1000 + position`` (so every request's expected output is known in advance), sizes the KV cache
+from ``num_gpu_blocks_override`` (default 256 blocks) and reads ``config.plugin_config["fake_executor"]``:
+``step_delay_s`` (simulated forward time per step), ``fail_at_step`` (raise in that step),
+``report_failure_at_step`` (call the failure callbacks in that step, as a dead worker would),
+``init_delay_s`` (slow start-up), ``token_base`` (first token id, default 1000).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from vllite.executor import Executor
+from vllite.sched.output import ModelRunnerOutput, SchedulerOutput
+from vllite.sched.testing import FakeExecutor
+
+
+class FakeTokenExecutor(Executor):
+    """Deterministic tokens without a model: ``token_base + position`` for each sampled position."""
+
+    def _init_executor(self) -> None:
+        options: dict[str, Any] = dict(self.config.plugin_config.get("fake_executor") or {})
+        self.step_delay_s = float(options.get("step_delay_s", 0.0))
+        self.fail_at_step = options.get("fail_at_step")
+        self.report_failure_at_step = options.get("report_failure_at_step")
+        base = int(options.get("token_base", 1000))
+        if options.get("init_delay_s"):
+            threading.Event().wait(float(options["init_delay_s"]))  # simulated model loading
+        self.steps = 0
+        self._runner = FakeExecutor(lambda _req_id, position: base + position)
+        self.config.set_max_model_len(self.config.model_config.max_model_len or 512)
+
+    def initialize_kv_cache(self) -> int:
+        num_blocks = self.config.cache_config.num_gpu_blocks_override or 256
+        self.config.cache_config.num_gpu_blocks = num_blocks
+        return num_blocks
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        self.steps += 1
+        if self.fail_at_step is not None and self.steps >= int(self.fail_at_step):
+            raise RuntimeError(f"FakeTokenExecutor: injected failure at step {self.steps}")
+        if self.report_failure_at_step is not None and self.steps >= int(self.report_failure_at_step):
+            self._report_failure()
+        if self.step_delay_s:
+            time.sleep(self.step_delay_s)  # simulated forward pass
+        return self._runner.execute(scheduler_output)
+
+    def shutdown(self) -> None:
+        self._runner.num_tokens.clear()

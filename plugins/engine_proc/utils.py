@@ -1,0 +1,142 @@
+"""ZMQ plumbing shared by the engine-core process and its clients: addresses, sockets, settings, handshake structs.
+
+Endpoints are IPC sockets inside a private temporary directory (mode 0700) unless a TCP host is configured
+explicitly (``plugin_config["engine_proc"]["tcp_host"]`` or ``VLLITE_ENGINE_TCP_HOST``), in which case every socket
+binds to a free port on that host.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import zmq
+from vllite.config import EngineConfig
+
+PLUGIN_KEY = "engine_proc"
+ENGINE_CORE_DEAD = b"ENGINE_CORE_DEAD"
+DEFAULT_READY_TIMEOUT_S = 600.0
+DEFAULT_HANDSHAKE_TIMEOUT_S = 300.0
+DEFAULT_MAX_FRAME_BYTES = 256 * 1024 * 1024
+
+
+def engine_identity(engine_index: int = 0) -> bytes:
+    """The DEALER identity of an engine: its index as 2 little-endian bytes (engine 0 is ``b"\\x00\\x00"``)."""
+    return engine_index.to_bytes(2, "little")
+
+
+class EngineZmqAddresses(msgspec.Struct):
+    """Where an engine core connects: one input (client ROUTER) and one output (client PULL) per client."""
+
+    inputs: list[str]
+    outputs: list[str]
+
+
+class EngineHandshakeMetadata(msgspec.Struct):
+    """The frontend's answer to HELLO: the data-socket addresses (and config overrides, unused here)."""
+
+    addresses: EngineZmqAddresses
+    parallel_config: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class HandshakeStatus(msgspec.Struct):
+    """HELLO and READY messages on the handshake socket."""
+
+    status: str
+    local: bool = True
+    headless: bool = False
+
+
+@dataclass
+class ProcSettings:
+    """Settings of the process engine, from ``config.plugin_config["engine_proc"]`` or the environment."""
+
+    ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
+    handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S
+    shutdown_timeout_s: float = 0.0
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    tcp_host: str | None = None
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> ProcSettings:
+        """Plugin config first, then ``VLLITE_ENGINE_READY_TIMEOUT_S``, ``VLLITE_ENGINE_HANDSHAKE_TIMEOUT_S``,
+        ``VLLITE_ENGINE_SHUTDOWN_TIMEOUT_S``, ``VLLITE_ENGINE_MAX_FRAME_BYTES``, ``VLLITE_ENGINE_TCP_HOST``."""
+        section = dict(config.plugin_config.get(PLUGIN_KEY) or {})
+
+        def pick(key: str, env: str, default: Any, conv: Any) -> Any:
+            if key in section and section[key] is not None:
+                return conv(section[key])
+            raw = os.environ.get(env)
+            return conv(raw) if raw not in (None, "") else default
+
+        settings = cls(
+            ready_timeout_s=pick("ready_timeout_s", "VLLITE_ENGINE_READY_TIMEOUT_S", DEFAULT_READY_TIMEOUT_S, float),
+            handshake_timeout_s=pick(
+                "handshake_timeout_s", "VLLITE_ENGINE_HANDSHAKE_TIMEOUT_S", DEFAULT_HANDSHAKE_TIMEOUT_S, float
+            ),
+            shutdown_timeout_s=pick("shutdown_timeout_s", "VLLITE_ENGINE_SHUTDOWN_TIMEOUT_S", 0.0, float),
+            max_frame_bytes=pick("max_frame_bytes", "VLLITE_ENGINE_MAX_FRAME_BYTES", DEFAULT_MAX_FRAME_BYTES, int),
+            tcp_host=pick("tcp_host", "VLLITE_ENGINE_TCP_HOST", None, str),
+        )
+        if settings.ready_timeout_s <= 0 or settings.handshake_timeout_s <= 0:
+            raise ValueError("Engine ready/handshake timeouts must be > 0 seconds.")
+        if settings.shutdown_timeout_s < 0:
+            raise ValueError(f"shutdown_timeout_s must be >= 0, got {settings.shutdown_timeout_s}.")
+        if settings.max_frame_bytes < 1024:
+            raise ValueError(f"max_frame_bytes must be >= 1024, got {settings.max_frame_bytes}.")
+        return settings
+
+
+class EndpointFactory:
+    """Hands out bind addresses: IPC paths in a private 0700 directory, or free TCP ports on a given host."""
+
+    def __init__(self, tcp_host: str | None = None) -> None:
+        self.tcp_host = tcp_host
+        self.ipc_dir: str | None = None if tcp_host else tempfile.mkdtemp(prefix="vllite-")
+        if self.ipc_dir is not None:
+            os.chmod(self.ipc_dir, 0o700)
+
+    def bind(self, socket: zmq.Socket, name: str) -> str:
+        """Binds ``socket`` to a fresh endpoint and returns the address peers must connect to."""
+        if self.ipc_dir is not None:
+            address = f"ipc://{os.path.join(self.ipc_dir, name)}"
+            socket.bind(address)
+            return address
+        host = self.tcp_host
+        bracketed = f"[{host}]" if ":" in host and not host.startswith("[") else host  # type: ignore[operator]
+        port = socket.bind_to_random_port(f"tcp://{bracketed}")
+        return f"tcp://{bracketed}:{port}"
+
+    def cleanup(self) -> None:
+        if self.ipc_dir is not None:
+            shutil.rmtree(self.ipc_dir, ignore_errors=True)
+            self.ipc_dir = None
+
+
+def make_socket(
+    ctx: zmq.Context,
+    socket_type: int,
+    *,
+    identity: bytes | None = None,
+    linger: int | None = None,
+    unlimited_hwm: bool = True,
+) -> zmq.Socket:
+    """A socket with vllite's defaults: no high-water mark on data sockets (nothing is dropped or blocks)."""
+    socket = ctx.socket(socket_type)
+    if unlimited_hwm:
+        socket.setsockopt(zmq.SNDHWM, 0)
+        socket.setsockopt(zmq.RCVHWM, 0)
+    if identity is not None:
+        socket.setsockopt(zmq.IDENTITY, identity)
+    if linger is not None:
+        socket.setsockopt(zmq.LINGER, linger)
+    return socket
+
+
+def remove_dir(path: str | None) -> None:
+    if path:
+        shutil.rmtree(path, ignore_errors=True)
