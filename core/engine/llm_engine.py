@@ -45,6 +45,14 @@ class LLMEngine:
         self.engine_core = make_client(config, multiprocess=multiprocess, log_stats=log_stats)
         if self.engine_core.max_model_len is not None:
             config.set_max_model_len(self.engine_core.max_model_len)
+        if model_config.hf_config is None and model_config.model:
+            # The engine core may live in another process; the frontend reads the model's facts (vocabulary
+            # size, EOS ids) from its own copy of the config.
+            from transformers import AutoConfig
+
+            model_config.hf_config = AutoConfig.from_pretrained(
+                model_config.model, local_files_only=True, trust_remote_code=model_config.trust_remote_code
+            )
         self.input_processor = InputProcessor(config, self.tokenizer)
         self.output_processor = OutputProcessor(self.tokenizer, log_stats=bool(log_stats))
 
