@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -140,6 +141,13 @@ class LLM:
                         finished.append(output)
                         if progress is not None:
                             progress.update(1)
+        except BaseException:
+            # A failed step (or Ctrl-C) must not leave orphaned requests behind in a reusable engine.
+            from vllite.exceptions import EngineDeadError
+
+            if not isinstance(sys.exc_info()[1], EngineDeadError):
+                self.llm_engine.abort_all_requests()
+            raise
         finally:
             if progress is not None:
                 progress.close()

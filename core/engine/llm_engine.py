@@ -100,6 +100,12 @@ class LLMEngine:
         internal = self.output_processor.abort_requests(ids)
         self.engine_core.abort_requests(internal)
 
+    def abort_all_requests(self) -> None:
+        """Aborts every request in flight (used when a call fails half-way, so the engine stays usable)."""
+        internal = self.output_processor.abort_requests(list(self.output_processor.request_states), internal=True)
+        if internal:
+            self.engine_core.abort_requests(internal)
+
     def step(self) -> list[RequestOutput]:
         """Runs (or waits for) one engine step and returns the outputs it produced."""
         outputs = self.engine_core.get_output()
