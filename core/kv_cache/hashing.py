@@ -1,0 +1,129 @@
+"""Chained block hashes for prefix caching.
+
+The hash of full block ``i`` covers the hash of block ``i - 1``, the block's token ids and its extra keys, so
+equal hashes mean equal *prefixes*, not just equal blocks, and a lookup can stop at the first miss. The first
+block chains from the fixed ``NONE_HASH``. Partial blocks are never hashed.
+
+Two algorithms (``--prefix-caching-hash-algo``):
+
+- ``sha256``: SHA-256 over a canonical msgpack encoding of ``(parent_hash, token_ids, extra_keys)``; collision
+  resistant and stable across processes, machines and Python versions.
+- ``fast``: xxHash-128 over the same encoding when the ``xxhash`` package is installed; otherwise CPython's
+  64-bit tuple hash over integers only (so it does not depend on ``PYTHONHASHSEED``). Neither is
+  collision resistant; use it when every block hash counts and requests are trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+if TYPE_CHECKING:
+    from vllite.request import Request
+
+HashFn = Callable[[Any], bytes]
+
+#: The parent hash of every request's first block: a fixed seed, identical in every process.
+NONE_HASH: bytes = hashlib.sha256(b"vllite.kv_cache.NONE_HASH").digest()
+
+_encode = msgspec.msgpack.Encoder().encode
+
+
+def sha256_hash(obj: Any) -> bytes:
+    """SHA-256 of the canonical msgpack encoding of ``obj`` (tuples and lists encode alike)."""
+    return hashlib.sha256(_encode(obj)).digest()
+
+
+try:  # pragma: no cover - depends on the environment
+    import xxhash
+
+    def fast_hash(obj: Any) -> bytes:
+        """xxHash-128 of the canonical msgpack encoding of ``obj``; fast, not collision resistant."""
+        return xxhash.xxh3_128_digest(_encode(obj))
+
+except ImportError:
+
+    def fast_hash(obj: Any) -> bytes:
+        """CPython's 64-bit tuple hash of ``(parent, token_ids, extra_keys)``; fast, not collision resistant.
+
+        Only integers go into the builtin hash (bytes and strings are turned into integers first), because
+        the builtin hash of ``str``/``bytes`` changes with ``PYTHONHASHSEED`` while that of ints and tuples of
+        ints does not.
+        """
+        parent, token_ids, extra_keys = obj
+        extra = 0 if extra_keys is None else int.from_bytes(sha256_hash(extra_keys)[:16], "little")
+        value = hash((int.from_bytes(parent, "little"), tuple(token_ids), extra))
+        return value.to_bytes(8, "little", signed=True)
+
+
+_HASH_FNS: dict[str, HashFn] = {"sha256": sha256_hash, "fast": fast_hash}
+
+
+def get_hash_fn(name: str) -> HashFn:
+    """The hash function for ``--prefix-caching-hash-algo`` ``name`` (``"sha256"`` or ``"fast"``)."""
+    try:
+        return _HASH_FNS[name]
+    except KeyError:
+        raise ValueError(
+            f"Unknown prefix-caching hash algorithm {name!r}; choose one of {sorted(_HASH_FNS)}."
+        ) from None
+
+
+def hash_block_tokens(
+    hash_fn: HashFn,
+    parent_block_hash: bytes | None,
+    curr_block_token_ids: Sequence[int],
+    extra_keys: tuple[Any, ...] | None = None,
+) -> bytes:
+    """The hash of one full block, chained from its parent's hash (``NONE_HASH`` for the first block)."""
+    if not parent_block_hash:
+        parent_block_hash = NONE_HASH
+    if not isinstance(curr_block_token_ids, (list, tuple)):
+        curr_block_token_ids = tuple(curr_block_token_ids)
+    return hash_fn((parent_block_hash, curr_block_token_ids, extra_keys))
+
+
+def generate_block_hash_extra_keys(request: Request, start_token_idx: int) -> tuple[Any, ...] | None:
+    """What besides the tokens decides a block's KV: the LoRA adapter, and the cache salt (first block only).
+
+    Keys are tagged so that a salt can never be mistaken for an adapter name. Salting the first block is
+    enough: every later hash chains from it.
+    """
+    keys: list[tuple[str, str]] = []
+    lora_name = getattr(request, "lora_name", None)
+    if lora_name:
+        keys.append(("lora", lora_name))
+    cache_salt = getattr(request, "cache_salt", None)
+    if cache_salt and start_token_idx == 0:
+        keys.append(("salt", cache_salt))
+    return tuple(keys) if keys else None
+
+
+def get_request_block_hasher(block_size: int, hash_fn: HashFn) -> Callable[[Request], list[bytes]]:
+    """A ``Request`` block hasher: called after tokens are appended, it returns the hashes of the blocks that
+    became full since the last call (``request.block_hashes`` holds the earlier ones), so every full block is
+    hashed exactly once and partial blocks never are.
+    """
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+
+    def request_block_hasher(request: Request) -> list[bytes]:
+        start = len(request.block_hashes) * block_size
+        num_tokens = request.num_tokens
+        if start + block_size > num_tokens:
+            return []
+        token_ids = request.all_token_ids
+        parent = request.block_hashes[-1] if request.block_hashes else None
+        new_hashes: list[bytes] = []
+        while start + block_size <= num_tokens:
+            end = start + block_size
+            extra = generate_block_hash_extra_keys(request, start)
+            parent = hash_block_tokens(hash_fn, parent, token_ids[start:end], extra)
+            new_hashes.append(parent)
+            start = end
+        return new_hashes
+
+    return request_block_hasher

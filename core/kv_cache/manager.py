@@ -1,0 +1,236 @@
+"""``KVCacheManager``: the facade the scheduler talks to — prefix-cache lookup, slot allocation, freeing.
+
+For one request in one step the token positions fall into these ranges::
+
+    | <computed> | <new computed> | <new> | <lookahead> |
+                                  |   to be computed    |
+                 |          to be given blocks          |
+
+``computed`` is ``request.num_computed_tokens``; ``new computed`` the prefix-cache hit found by
+``get_computed_blocks`` (only at a request's first scheduling); ``new`` the tokens scheduled now; ``lookahead``
+slots for speculative draft tokens, which are never cached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from vllite.kv_cache.block import KVCacheBlock
+from vllite.kv_cache.block_pool import BlockPool
+from vllite.kv_cache.single_type import FullAttentionManager, SlidingWindowManager
+
+if TYPE_CHECKING:
+    from vllite.request import Request
+
+
+@dataclass(slots=True, frozen=True)
+class KVCacheBlocks:
+    """An ordered, read-only run of blocks handed between the KV-cache manager and the scheduler."""
+
+    blocks: Sequence[KVCacheBlock]
+
+    def get_block_ids(self) -> list[int]:
+        """The block ids, in order."""
+        return [block.block_id for block in self.blocks]
+
+    def get_unhashed_block_ids(self) -> list[int]:
+        """The ids of blocks not (yet) registered in the prefix cache."""
+        return [block.block_id for block in self.blocks if block.block_hash is None]
+
+    def __add__(self, other: KVCacheBlocks) -> KVCacheBlocks:
+        return KVCacheBlocks((*self.blocks, *other.blocks))
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+
+@dataclass(slots=True)
+class PrefixCacheStats:
+    """Prefix-cache lookups: ``requests`` looked up, ``queries`` (tokens asked for) and ``hits`` (tokens found)."""
+
+    requests: int = 0
+    queries: int = 0
+    hits: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        """Hit tokens over queried tokens (0 when nothing was queried)."""
+        return self.hits / self.queries if self.queries else 0.0
+
+    def record(self, num_tokens: int, num_hit_tokens: int) -> None:
+        """Adds one request's lookup."""
+        self.requests += 1
+        self.queries += num_tokens
+        self.hits += num_hit_tokens
+
+
+def _skips_prefix_cache(request: Request) -> bool:
+    # Prompt logprobs need logits at every prompt position, which cached positions never produce.
+    if getattr(request, "skip_reading_prefix_cache", False):
+        return True
+    params = getattr(request, "sampling_params", None)
+    return params is not None and getattr(params, "prompt_logprobs", None) is not None
+
+
+class KVCacheManager:
+    """Paged KV-cache bookkeeping for all requests: ``num_blocks`` blocks of ``block_size`` tokens (block 0 is
+    the null block), with prefix caching when ``enable_caching``.
+
+    Promises: ``allocate_slots`` either succeeds completely or returns ``None`` having changed nothing (apart
+    from releasing blocks outside a sliding window); a request's block list is append-only until ``free``;
+    ``free`` is idempotent.
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        max_model_len: int,
+        enable_caching: bool = True,
+        log_stats: bool = False,
+        sliding_window: int | None = None,
+    ) -> None:
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.log_stats = log_stats
+        self.sliding_window = sliding_window
+        self.block_pool = BlockPool(num_blocks, enable_caching)
+        self.manager: FullAttentionManager = (
+            SlidingWindowManager(self.block_pool, block_size, sliding_window)
+            if sliding_window
+            else FullAttentionManager(self.block_pool, block_size)
+        )
+        self.empty_kv_cache_blocks = KVCacheBlocks(())
+        self.prefix_cache_stats = PrefixCacheStats()
+        self._interval_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
+
+    # ------------------------------------------------------------------ figures
+    @property
+    def usage(self) -> float:
+        """The fraction of usable blocks in use, in [0, 1]."""
+        return self.block_pool.get_usage()
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks that can be allocated now (empty or evictable)."""
+        return self.block_pool.get_num_free_blocks()
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks holding a hash, in use or evictable."""
+        return self.block_pool.num_cached_blocks
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """The prefix-cache stats since the previous call, or ``None`` unless ``log_stats``."""
+        if self._interval_stats is None:
+            return None
+        stats, self._interval_stats = self._interval_stats, PrefixCacheStats()
+        return stats
+
+    # ------------------------------------------------------------------ lookup and allocation
+    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
+        """The longest cached prefix of the request and its length in tokens.
+
+        It covers at most ``num_tokens - 1`` tokens, so at least one token is computed and yields logits. The
+        blocks are not referenced yet: pass them to ``allocate_slots``, which touches them.
+        """
+        if not self.enable_caching or _skips_prefix_cache(request):
+            return self.empty_kv_cache_blocks, 0
+        hits = self.manager.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
+        num_hit_tokens = len(hits) * self.block_size
+        self.prefix_cache_stats.record(request.num_tokens, num_hit_tokens)
+        if self._interval_stats is not None:
+            self._interval_stats.record(request.num_tokens, num_hit_tokens)
+        if not hits:
+            return self.empty_kv_cache_blocks, 0
+        return KVCacheBlocks(hits), num_hit_tokens
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+    ) -> KVCacheBlocks | None:
+        """Gives the request slots for its new (and lookahead) tokens, attaching prefix-cache hits first.
+
+        Returns the newly allocated blocks (possibly none), or ``None`` when the free blocks do not suffice, in
+        which case nothing changed. Afterwards, unless ``delay_cache_blocks``, the blocks full within
+        ``num_computed_tokens + num_new_computed_tokens + num_new_tokens`` tokens (never lookahead slots) are
+        registered in the prefix cache.
+        """
+        if num_new_tokens < 0 or num_lookahead_tokens < 0:
+            raise ValueError(
+                f"num_new_tokens ({num_new_tokens}) and num_lookahead_tokens ({num_lookahead_tokens}) "
+                "must not be negative"
+            )
+        hit_blocks: Sequence[KVCacheBlock] = new_computed_blocks.blocks if new_computed_blocks else ()
+        request_id = request.request_id
+        total_computed = min(request.num_computed_tokens + num_new_computed_tokens, self.max_model_len)
+        num_tokens_need_slot = min(total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+
+        # Before the capacity check, so blocks leaving a sliding window can make room.
+        self.manager.remove_skipped_blocks(request_id, total_computed)
+        num_to_allocate = self.manager.get_num_blocks_to_allocate(request_id, num_tokens_need_slot, hit_blocks)
+        if num_to_allocate > self.block_pool.get_num_free_blocks():
+            return None
+
+        if hit_blocks:
+            # Touch before allocating, or the free-queue head could hand out (and evict) a hit.
+            self.block_pool.touch(hit_blocks)
+            self.manager.save_new_computed_blocks(request_id, hit_blocks)
+        new_blocks = self.manager.allocate_new_blocks(request_id, num_tokens_need_slot)
+
+        if self.enable_caching and not delay_cache_blocks:
+            self.manager.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
+        return KVCacheBlocks(new_blocks) if new_blocks else self.empty_kv_cache_blocks
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Registers the request's blocks that are full within its first ``num_computed_tokens`` tokens (the
+        deferred half of ``allocate_slots(..., delay_cache_blocks=True)``). A no-op without caching.
+        """
+        if self.enable_caching:
+            self.manager.cache_blocks(request, min(num_computed_tokens, request.num_tokens))
+
+    def free(self, request: Request) -> None:
+        """Releases the request's blocks, tail first, so its tail is evicted before its prefix. Idempotent."""
+        self.manager.free(request.request_id)
+
+    # ------------------------------------------------------------------ per-request views
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        """A snapshot of the request's blocks, in order (empty for an unknown request)."""
+        blocks = self.manager.req_to_blocks.get(request_id)
+        return KVCacheBlocks(tuple(blocks)) if blocks else self.empty_kv_cache_blocks
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        """The request's block ids, in order (empty for an unknown request)."""
+        return [block.block_id for block in self.manager.req_to_blocks.get(request_id, ())]
+
+    def get_num_common_prefix_blocks(self, request_id: str, num_running_requests: int) -> int:
+        """Leading blocks of ``request_id`` held by all ``num_running_requests`` running requests."""
+        return self.manager.get_num_common_prefix_blocks(request_id, num_running_requests)
+
+    # ------------------------------------------------------------------ steps and resets
+    def new_step_starts(self) -> None:
+        """Starts a new step: ``take_new_block_ids`` will report only blocks allocated from now on."""
+        self.manager.new_block_ids.clear()
+
+    def take_new_block_ids(self) -> list[int]:
+        """The ids of blocks allocated since ``new_step_starts`` (or the previous take), and forgets them."""
+        ids, self.manager.new_block_ids = self.manager.new_block_ids, []
+        return ids
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Forgets every cached hash; refuses (False) while blocks are in use unless ``reset_running_requests``,
+        in which case blocks in use lose their hashes too and are never shared again. The caller preempts
+        running requests first when their KV is stale (e.g. after a weight update).
+        """
+        return self.block_pool.reset_prefix_cache(reset_running_requests)

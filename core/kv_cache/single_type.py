@@ -1,0 +1,174 @@
+"""Per-request block tables for one attention type: full attention, or a sliding window.
+
+A request's block list is append-only: a block, once placed at position ``i``, stays there until the request is
+freed (a sliding window may only swap blocks that fell out of the window for the null block). Prefix-cache hits
+are attached only when a request is first scheduled; afterwards its own blocks are cached as they fill.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from vllite.kv_cache.block import KVCacheBlock
+from vllite.kv_cache.block_pool import BlockPool
+
+if TYPE_CHECKING:
+    from vllite.request import Request
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division."""
+    return -(-a // b)
+
+
+class FullAttentionManager:
+    """Block tables for full attention: every block a request ever filled stays attached to it."""
+
+    def __init__(self, block_pool: BlockPool, block_size: int) -> None:
+        self.block_pool = block_pool
+        self.block_size = block_size
+        self.req_to_blocks: defaultdict[str, list[KVCacheBlock]] = defaultdict(list)
+        # Leading blocks of each request already registered in the prefix cache.
+        self.num_cached_block: dict[str, int] = {}
+        self.new_block_ids: list[int] = []
+
+    def find_longest_cache_hit(self, block_hashes: Sequence[bytes], max_length: int) -> list[KVCacheBlock]:
+        """The cached blocks of the longest cached prefix of at most ``max_length`` tokens.
+
+        Hashes chain, so the scan stops at the first miss even if later blocks happen to be cached.
+        """
+        get_cached_block = self.block_pool.get_cached_block
+        hits: list[KVCacheBlock] = []
+        for block_hash in block_hashes[: max_length // self.block_size]:
+            block = get_cached_block(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+        """Releases blocks no future token attends to; full attention needs them all."""
+
+    def get_num_blocks_to_allocate(
+        self, request_id: str, num_tokens: int, new_computed_blocks: Sequence[KVCacheBlock]
+    ) -> int:
+        """Free-queue blocks needed to give the request ``num_tokens`` slots, counting the evictable hits that
+        ``touch`` will pull out of the free queue.
+        """
+        num_required = cdiv(num_tokens, self.block_size)
+        num_held = len(self.req_to_blocks.get(request_id, ()))
+        num_new = max(0, num_required - len(new_computed_blocks) - num_held)
+        num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0 and not b.is_null)
+        return num_new + num_evictable_hits
+
+    def save_new_computed_blocks(self, request_id: str, new_computed_blocks: Sequence[KVCacheBlock]) -> None:
+        """Attaches already-touched prefix-cache hits; only a request that holds no blocks yet can get them."""
+        if request_id not in self.num_cached_block:
+            blocks = self.req_to_blocks[request_id]
+            assert not blocks, f"request {request_id!r} got prefix-cache hits after its first scheduling"
+            blocks.extend(new_computed_blocks)
+            self.num_cached_block[request_id] = len(new_computed_blocks)
+        else:
+            assert not new_computed_blocks, f"running request {request_id!r} got prefix-cache hits"
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
+        """Appends fresh blocks until the request has slots for ``num_tokens`` tokens; returns them."""
+        blocks = self.req_to_blocks[request_id]
+        num_new = cdiv(num_tokens, self.block_size) - len(blocks)
+        if num_new <= 0:
+            return []
+        new_blocks = self.block_pool.get_new_blocks(num_new)
+        blocks.extend(new_blocks)
+        self.new_block_ids.extend(b.block_id for b in new_blocks)
+        return new_blocks
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Registers the request's blocks that are full within its first ``num_tokens`` tokens."""
+        request_id = request.request_id
+        num_cached = self.num_cached_block.get(request_id, 0)
+        num_full = num_tokens // self.block_size
+        if num_full <= num_cached:
+            return
+        self.block_pool.cache_full_blocks(request, self.req_to_blocks[request_id], num_cached, num_full)
+        self.num_cached_block[request_id] = num_full
+
+    def free(self, request_id: str) -> None:
+        """Releases the request's blocks tail first, so its tail is evicted before its reusable prefix."""
+        blocks = self.req_to_blocks.pop(request_id, None)
+        if blocks:
+            self.block_pool.free_blocks(reversed(blocks))
+        self.num_cached_block.pop(request_id, None)
+
+    def get_num_common_prefix_blocks(self, request_id: str, num_running_requests: int) -> int:
+        """Leading blocks of ``request_id`` shared by all ``num_running_requests`` running requests (for cascade
+        attention); a block's ``ref_cnt`` equal to the running count means every one of them holds it.
+        """
+        count = 0
+        for block in self.req_to_blocks.get(request_id, ()):
+            if block.ref_cnt != num_running_requests:
+                break
+            count += 1
+        return count
+
+
+class SlidingWindowManager(FullAttentionManager):
+    """Block tables for sliding-window attention over ``sliding_window`` tokens.
+
+    Blocks entirely before the window of the next token to compute are released and replaced by the null
+    block; a cache hit only needs the blocks that cover the window before the hit's end.
+    """
+
+    def __init__(self, block_pool: BlockPool, block_size: int, sliding_window: int) -> None:
+        if sliding_window <= 0:
+            raise ValueError(f"sliding_window must be positive, got {sliding_window}")
+        super().__init__(block_pool, block_size)
+        self.sliding_window = sliding_window
+
+    def find_longest_cache_hit(self, block_hashes: Sequence[bytes], max_length: int) -> list[KVCacheBlock]:
+        """Scans from the right for the last run of cached blocks long enough to cover a window; blocks before
+        the run are the null block. Without such a run, only a run at the very start counts.
+        """
+        null_block = self.block_pool.null_block
+        get_cached_block = self.block_pool.get_cached_block
+        max_num_blocks = min(max_length // self.block_size, len(block_hashes))
+        needed = max(1, cdiv(self.sliding_window - 1, self.block_size))
+        hits = [null_block] * max_num_blocks
+        run = 0
+        for i in range(max_num_blocks - 1, -1, -1):
+            block = get_cached_block(block_hashes[i])
+            if block is None:
+                run = 0
+                continue
+            hits[i] = block
+            run += 1
+            if run >= needed:
+                del hits[i + run :]
+                return hits
+        # No run covers a full window: the prefix from position 0 is still a valid hit.
+        del hits[run:]
+        return hits
+
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+        """Swaps blocks wholly before ``num_computed_tokens - sliding_window + 1`` for the null block and
+        releases them newest first, so the start of the hash chain is evicted last.
+        """
+        num_skipped_tokens = num_computed_tokens - self.sliding_window + 1
+        if num_skipped_tokens <= 0:
+            return
+        blocks = self.req_to_blocks.get(request_id)
+        if not blocks:
+            return
+        null_block = self.block_pool.null_block
+        removed: list[KVCacheBlock] = []
+        for i in range(min(num_skipped_tokens // self.block_size, len(blocks)) - 1, -1, -1):
+            if blocks[i].is_null:
+                break  # everything before is already released
+            removed.append(blocks[i])
+            blocks[i] = null_block
+        self.block_pool.free_blocks(removed)
+
+    def get_num_common_prefix_blocks(self, request_id: str, num_running_requests: int) -> int:
+        """Cascade attention over a shared prefix does not apply to a sliding window."""
+        return 0
