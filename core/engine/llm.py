@@ -9,7 +9,7 @@ from typing import Any
 
 from vllite.config import EngineArgs
 from vllite.outputs import RequestOutput
-from vllite.sampling_params import SamplingParams
+from vllite.sampling_params import RequestOutputKind, SamplingParams
 
 PromptType = str | dict[str, Any] | list[int]
 
@@ -115,6 +115,10 @@ class LLM:
         added: list[str] = []
         try:
             for i, (prompt, params) in enumerate(zip(prompts, params_list)):
+                if params.output_kind != RequestOutputKind.FINAL_ONLY:
+                    # Offline generation only needs the final result (and n > 1 samples come back together).
+                    params = params.clone()
+                    params.output_kind = RequestOutputKind.FINAL_ONLY
                 request_id = str(next(self._counter))
                 self.llm_engine.add_request(
                     request_id, prompt, params, priority=priority[i] if priority else 0
