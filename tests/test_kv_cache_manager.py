@@ -47,14 +47,16 @@ def test_hit_is_capped_below_num_tokens() -> None:
     assert len(hits) == 2 and n == 8
     hits, n = mgr.get_computed_blocks(make_request("c", list(range(13))))
     assert len(hits) == 3 and n == 12
+    assert mgr.get_computed_blocks(make_request("empty", [])) == (mgr.empty_kv_cache_blocks, 0)
+    assert mgr.manager.find_longest_cache_hit(make_request("d", list(range(12))).block_hashes, -1) == []
 
 
 def test_lookup_stops_at_first_miss() -> None:
     mgr = KVCacheManager(10, BS, 64)
-    a = make_request("a", list(range(16)) + [99])
+    a = make_request("a", [*range(16), 99])
     run_prefill(mgr, a)
     # Same blocks 0, 2, 3 content-wise but block 1 differs: only block 0 hits (later ones chain differently).
-    b_tokens = list(range(16)) + [99]
+    b_tokens = [*range(16), 99]
     b_tokens[5] = 77
     hits, n = mgr.get_computed_blocks(make_request("b", b_tokens))
     assert hits.get_block_ids() == mgr.get_block_ids("a")[:1] and n == 4

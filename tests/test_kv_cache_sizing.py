@@ -40,7 +40,7 @@ def test_too_small_a_budget_names_the_need_and_the_knobs(caplog: pytest.LogCaptu
     assert "--cpu-kvcache-space" in msg and CPU_KVCACHE_SPACE_ENV in msg and "--max-model-len" in msg
     with pytest.raises(KVCacheMemoryError, match="--gpu-memory-utilization"):
         determine_num_blocks(1 * GiB, per_token, 16, 32768, device="cuda")
-    with pytest.raises(KVCacheMemoryError, match="--cpu-kvcache-space.*--gpu-memory-utilization"):
+    with pytest.raises(KVCacheMemoryError, match=r"--cpu-kvcache-space.*--gpu-memory-utilization"):
         determine_num_blocks(1 * GiB, per_token, 16, 32768)
     assert isinstance(info.value, ValueError)
 

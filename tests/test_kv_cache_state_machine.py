@@ -21,9 +21,11 @@ PREFIXES = [[], list(range(100, 108)), list(range(100, 112)), list(range(200, 21
 
 
 class KVCacheMachine(RuleBasedStateMachine):
+    sliding_window: int | None = None
+
     def __init__(self) -> None:
         super().__init__()
-        self.mgr = KVCacheManager(NUM_BLOCKS, BS, MAX_LEN)
+        self.mgr = KVCacheManager(NUM_BLOCKS, BS, MAX_LEN, sliding_window=self.sliding_window)
         self.hasher = get_request_block_hasher(BS, get_hash_fn("fast"))
         self.waiting: list[Request] = []
         self.running: list[Request] = []
@@ -45,10 +47,15 @@ class KVCacheMachine(RuleBasedStateMachine):
             assert num_hit < req.num_tokens and num_hit % BS == 0
             num_new = min(num_new, req.num_tokens - num_hit)
         before = self.snapshot()
+        old_ids = self.mgr.get_block_ids(req.request_id)
         new = self.mgr.allocate_slots(req, num_new, num_hit, hits, lookahead, delay_cache_blocks=delay)
         if new is None:
             assert self.snapshot() == before, "a refused allocation changed state"
             return False
+        # Append-only: earlier positions keep their block (a sliding window may swap in the null block).
+        ids = self.mgr.get_block_ids(req.request_id)
+        assert all(i in (o, 0) for o, i in zip(old_ids, ids)) and len(ids) >= len(old_ids)
+        assert ids[len(ids) - len(new) :] == new.get_block_ids()
         req.num_computed_tokens += num_hit + num_new
         if delay:
             self.mgr.cache_blocks(req, req.num_computed_tokens)
@@ -170,5 +177,14 @@ class KVCacheMachine(RuleBasedStateMachine):
         assert self.mgr.reset_prefix_cache() is True
 
 
-KVCacheMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+class SlidingWindowKVCacheMachine(KVCacheMachine):
+    """The same interleavings with a 6-token sliding window: blocks leave requests mid-flight."""
+
+    sliding_window = 6
+
+
+_settings = settings(max_examples=100, stateful_step_count=50, deadline=None)
+KVCacheMachine.TestCase.settings = _settings
+SlidingWindowKVCacheMachine.TestCase.settings = _settings
 TestKVCacheStateMachine = KVCacheMachine.TestCase
+TestSlidingWindowKVCacheStateMachine = SlidingWindowKVCacheMachine.TestCase

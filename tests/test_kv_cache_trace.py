@@ -96,7 +96,7 @@ def test_seed_003_end_to_end_trace() -> None:
 
 def test_b5_example_1_waiting_request_with_two_hits_needs_one_block() -> None:
     mgr = KVCacheManager(num_blocks=6, block_size=BS, max_model_len=64)
-    warm = make_request("warm", t("ABCDEFGH") + [1])
+    warm = make_request("warm", [*t("ABCDEFGH"), 1])
     schedule(mgr, warm)
     mgr.free(warm)
     req = make_request("req1", t("ABCDEFGHIJ"))
@@ -110,7 +110,7 @@ def test_b5_example_1_waiting_request_with_two_hits_needs_one_block() -> None:
 
 def test_b5_example_2_chunked_prefill_is_append_only_and_duplicates_a_hash() -> None:
     mgr = KVCacheManager(num_blocks=8, block_size=BS, max_model_len=64)
-    warm = make_request("warm", t("ABCDEFGH") + [1])
+    warm = make_request("warm", [*t("ABCDEFGH"), 1])
     schedule(mgr, warm)
     mgr.free(warm)
     efgh_hash = warm.block_hashes[1]

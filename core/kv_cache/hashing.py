@@ -117,10 +117,12 @@ def get_request_block_hasher(block_size: int, hash_fn: HashFn) -> Callable[[Requ
             return []
         token_ids = request.all_token_ids
         parent = request.block_hashes[-1] if request.block_hashes else None
+        # The extra keys only depend on whether the block is the first one.
+        later_keys = generate_block_hash_extra_keys(request, block_size)
         new_hashes: list[bytes] = []
         while start + block_size <= num_tokens:
             end = start + block_size
-            extra = generate_block_hash_extra_keys(request, start)
+            extra = later_keys if start else generate_block_hash_extra_keys(request, 0)
             parent = hash_block_tokens(hash_fn, parent, token_ids[start:end], extra)
             new_hashes.append(parent)
             start = end

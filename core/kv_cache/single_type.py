@@ -41,7 +41,7 @@ class FullAttentionManager:
         """
         get_cached_block = self.block_pool.get_cached_block
         hits: list[KVCacheBlock] = []
-        for block_hash in block_hashes[: max_length // self.block_size]:
+        for block_hash in block_hashes[: max(0, max_length) // self.block_size]:
             block = get_cached_block(block_hash)
             if block is None:
                 break
@@ -132,7 +132,7 @@ class SlidingWindowManager(FullAttentionManager):
         """
         null_block = self.block_pool.null_block
         get_cached_block = self.block_pool.get_cached_block
-        max_num_blocks = min(max_length // self.block_size, len(block_hashes))
+        max_num_blocks = max(0, min(max_length // self.block_size, len(block_hashes)))
         needed = max(1, cdiv(self.sliding_window - 1, self.block_size))
         hits = [null_block] * max_num_blocks
         run = 0
