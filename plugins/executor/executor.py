@@ -100,6 +100,11 @@ class DefaultExecutor(Executor):
             num_blocks, _ = determine_num_blocks(
                 available, bytes_per_token, cc.block_size, max_model_len, device=self.device.type
             )
+            if self.device.type == "cpu":
+                # CPU memory is shared with everything else: take at most twice what max_num_seqs full-length
+                # sequences can use (the extra half keeps finished prefixes cached), not the whole budget.
+                blocks_per_seq = -(-max_model_len // cc.block_size)
+                num_blocks = min(num_blocks, 2 * self.config.scheduler_config.max_num_seqs * blocks_per_seq + 1)
         self.runner.allocate_kv_cache(num_blocks)
         self._num_blocks = num_blocks
         cc.num_gpu_blocks = num_blocks

@@ -4,9 +4,10 @@ A model folder holds ``config.json`` and safetensors weights (tokenizer files ar
 The class comes from the ``vllite_register_models`` registry when a plugin registered the architecture,
 otherwise from transformers' causal-LM auto mapping. Everything is loaded with ``local_files_only=True``.
 
-``dtype="auto"`` takes the checkpoint's dtype (float32 when it names none), except that a float16 checkpoint
-runs in float32 on the CPU: float16 matmuls on the CPU are slow and lose accuracy, and memory is rarely the
-limit there. An explicit ``--dtype`` is always honoured.
+``dtype="auto"`` takes the checkpoint's dtype (float32 when it names none), except that a float16 or bfloat16
+checkpoint runs in float32 on the CPU: half-precision matmuls on most CPUs are slower than float32 and lose
+accuracy, and for the small models vllite runs on a CPU memory is rarely the limit. An explicit ``--dtype`` is
+always honoured.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def resolve_dtype(requested: str, hf_config: Any, device: torch.device) -> torch
         raw = _DTYPES.get(raw.removeprefix("torch."))
     if raw not in _DTYPES.values():
         return torch.float32
-    if raw == torch.float16 and device.type == "cpu":
+    if raw in (torch.float16, torch.bfloat16) and device.type == "cpu":
         return torch.float32
     return raw
 
