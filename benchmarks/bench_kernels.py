@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+
 from vllite.kernels.reference import paged_attention_ref
 
 # name -> list of (context_len, query_len) per sequence

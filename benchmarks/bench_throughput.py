@@ -21,9 +21,7 @@ def make_prompts(tokenizer, num_prompts: int, input_len: int, seed: int) -> list
     vocab = tokenizer.vocab_size
     special = set(tokenizer.all_special_ids)
     ids = [i for i in range(vocab) if i not in special]
-    return [
-        [rng.choice(ids) for _ in range(rng.randint(input_len // 2, input_len))] for _ in range(num_prompts)
-    ]
+    return [[rng.choice(ids) for _ in range(rng.randint(input_len // 2, input_len))] for _ in range(num_prompts)]
 
 
 def run_vllite(model: str, prompts: list[list[int]], output_len: int, args: argparse.Namespace) -> float:
@@ -52,9 +50,7 @@ def run_hf(model: str, prompts: list[list[int]], output_len: int, args: argparse
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
-    dtype = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[
-        args.dtype
-    ]
+    dtype = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
     hf = AutoModelForCausalLM.from_pretrained(model, torch_dtype=dtype or "auto").eval()
     if args.dtype == "auto" and next(hf.parameters()).dtype == torch.float16:
         hf = hf.float()
@@ -78,9 +74,7 @@ def run_hf(model: str, prompts: list[list[int]], output_len: int, args: argparse
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="Model folder (default: the demo model).")
     parser.add_argument(
         "--model-preset", default=None, help="Build a random-weight model with vllite.testing (e.g. 30m)."

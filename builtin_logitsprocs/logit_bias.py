@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
 from vllite.logits_processor import BatchUpdate, LogitsProcessor, process_dict_updates
 from vllite.sampling_params import SamplingParams
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import torch
+
 from vllite.logits_processor import BatchUpdate, LogitsProcessor, process_dict_updates
 from vllite.sampling_params import SamplingParams
 

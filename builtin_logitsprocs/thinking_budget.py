@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
 from vllite.logits_processor import BatchUpdate, LogitsProcessor, process_dict_updates
 from vllite.sampling_params import SamplingParams
 

@@ -12,9 +12,7 @@ from vllite.version import __version__
 def build_parser() -> argparse.ArgumentParser:
     from vllite.plugin_manager import get_registry
 
-    parser = argparse.ArgumentParser(
-        prog="vllite", description="A small, plugin-centric LLM inference engine."
-    )
+    parser = argparse.ArgumentParser(prog="vllite", description="A small, plugin-centric LLM inference engine.")
     parser.add_argument("--version", action="version", version=f"vllite {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, command in sorted(get_registry("commands").items()):

@@ -86,9 +86,7 @@ class GenerateCommand:
     help = "Generate completions for prompts (default model: the embedded demo model)."
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "prompts", nargs="*", help="Prompts (read from stdin, one per line, if none given)."
-        )
+        parser.add_argument("prompts", nargs="*", help="Prompts (read from stdin, one per line, if none given).")
         _add_generation_arguments(parser)
 
     def run(self, args: argparse.Namespace) -> int:

@@ -35,8 +35,12 @@ class DuplicateComponentError(PluginLoadError):
 class EngineDeadError(VlliteError):
     """The engine core died (crashed, killed, or its executor failed); in-flight requests cannot finish."""
 
-    def __init__(self, message: str = "The engine core has died; see the log above for the cause.", *,
-                 suppress_context: bool = False):
+    def __init__(
+        self,
+        message: str = "The engine core has died; see the log above for the cause.",
+        *,
+        suppress_context: bool = False,
+    ):
         super().__init__(message)
         if suppress_context:
             self.__suppress_context__ = True

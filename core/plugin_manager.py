@@ -22,6 +22,7 @@ from importlib import metadata
 from typing import Any
 
 import pluggy
+
 from vllite import hookspecs
 from vllite.exceptions import DuplicateComponentError, PluginLoadError, UnknownComponentError
 
@@ -71,9 +72,7 @@ class EntryPointInfo:
     entry_point: Any = field(repr=False, compare=False)
 
     def describe(self) -> str:
-        return (
-            f"entry point {self.name!r} ({self.value}) of distribution {self.dist_name} {self.dist_version}"
-        )
+        return f"entry point {self.name!r} ({self.value}) of distribution {self.dist_name} {self.dist_version}"
 
     def load(self) -> Any:
         """Imports the entry point; any failure becomes a ``PluginLoadError`` naming it."""
@@ -118,9 +117,7 @@ def iter_entry_points(group: str) -> list[EntryPointInfo]:
         dist_name = dist.metadata["Name"] if dist is not None else "<unknown>"
         dist_version = dist.version if dist is not None else "?"
         # The same distribution can be visible twice on sys.path (e.g. editable + build dir): keep one.
-        found.setdefault(
-            (ep.name, ep.value), EntryPointInfo(ep.name, ep.value, group, dist_name, dist_version, ep)
-        )
+        found.setdefault((ep.name, ep.value), EntryPointInfo(ep.name, ep.value, group, dist_name, dist_version, ep))
     return sorted(found.values(), key=lambda info: (info.name, info.value))
 
 
@@ -179,9 +176,7 @@ class PluginManager:
     # ------------------------------------------------------------------ registration
     def _register(self, plugin: Any, name: str, *, source: str, info: EntryPointInfo | None = None) -> None:
         if self.pm.has_plugin(name):
-            raise PluginLoadError(
-                f"Two plugins are named {name!r}: {source} and an earlier one.", plugin=name
-            )
+            raise PluginLoadError(f"Two plugins are named {name!r}: {source} and an earlier one.", plugin=name)
         try:
             self.pm.register(plugin, name=name)
         except pluggy.PluginValidationError as exc:

@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import msgspec
+
 from vllite.sampling_params import SamplingParams
 
 FINISH_REASON_STRINGS = ("stop", "length", "abort", "error", "repetition")

@@ -95,9 +95,7 @@ class Request:
         self._output_token_ids: list[int] = []
         self._all_token_ids: list[int] = list(self.prompt_token_ids)
         self.spec_token_ids: list[int] = []
-        self.max_tokens: int = (
-            sampling_params.max_tokens if sampling_params.max_tokens is not None else 1 << 62
-        )
+        self.max_tokens: int = sampling_params.max_tokens if sampling_params.max_tokens is not None else 1 << 62
 
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
@@ -114,9 +112,7 @@ class Request:
         self.update_block_hashes()
 
     @classmethod
-    def from_engine_core_request(
-        cls, request: EngineCoreRequest, block_hasher: BlockHasher | None = None
-    ) -> Request:
+    def from_engine_core_request(cls, request: EngineCoreRequest, block_hasher: BlockHasher | None = None) -> Request:
         if request.sampling_params is None:
             raise ValueError(f"Request {request.request_id!r} has no sampling_params.")
         return cls(

@@ -132,13 +132,10 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):  # type:
         if self.logit_bias:
             for token_id, bias in self.logit_bias.items():
                 if token_id < 0:
-                    raise ValueError(
-                        f"SamplingParams.logit_bias keys must be token ids >= 0, got {token_id}."
-                    )
+                    raise ValueError(f"SamplingParams.logit_bias keys must be token ids >= 0, got {token_id}.")
                 if not math.isfinite(bias) or abs(bias) > _MAX_LOGIT_BIAS:
                     raise ValueError(
-                        f"SamplingParams.logit_bias values must be in [-100, 100], "
-                        f"got {bias} for token {token_id}."
+                        f"SamplingParams.logit_bias values must be in [-100, 100], got {bias} for token {token_id}."
                     )
         if self.allowed_token_ids is not None and (
             not _is_id_list(self.allowed_token_ids) or not self.allowed_token_ids
@@ -158,9 +155,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):  # type:
         if not isinstance(self.output_kind, RequestOutputKind):
             raise bad("output_kind", "a RequestOutputKind")
         if self.stop and not self.detokenize:
-            raise ValueError(
-                "SamplingParams.stop strings need detokenize=True (stop strings match decoded text)."
-            )
+            raise ValueError("SamplingParams.stop strings need detokenize=True (stop strings match decoded text).")
 
     # ------------------------------------------------------------------ derived values
     @property
@@ -199,9 +194,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):  # type:
 def _normalize_logit_bias(logit_bias: object) -> dict[int, float]:
     """``{token_id: bias}`` with int keys and float values; string keys (as in JSON) are accepted."""
     if not isinstance(logit_bias, dict):
-        raise ValueError(
-            f"SamplingParams.logit_bias must be None or a dict {{token_id: bias}}, got {logit_bias!r}."
-        )
+        raise ValueError(f"SamplingParams.logit_bias must be None or a dict {{token_id: bias}}, got {logit_bias!r}.")
     try:
         return {int(k): float(v) for k, v in logit_bias.items()}
     except (TypeError, ValueError):

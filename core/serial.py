@@ -169,9 +169,7 @@ class MsgpackEncoder:
 
     def _pack(self, kind: int, dtype: str, shape: tuple[int, ...], raw: Any) -> msgspec.msgpack.Ext:
         if raw.nbytes < self.size_threshold or self._aux is None:
-            return msgspec.msgpack.Ext(
-                EXT_ARRAY_INLINE, _header_encoder.encode((kind, dtype, shape, raw.tobytes()))
-            )
+            return msgspec.msgpack.Ext(EXT_ARRAY_INLINE, _header_encoder.encode((kind, dtype, shape, raw.tobytes())))
         index = len(self._aux)
         self._aux.append(memoryview(raw))
         return msgspec.msgpack.Ext(EXT_ARRAY_AUX, _header_encoder.encode((kind, dtype, shape, index)))
@@ -217,9 +215,7 @@ class MsgpackDecoder:
         if code == EXT_ARRAY_AUX:
             kind, dtype, shape, index = _aux_decoder.decode(data)
             if not 0 <= index < len(self._aux):
-                raise DecodeError(
-                    f"Tensor refers to frame {index + 1}, but the message has {len(self._aux) + 1}."
-                )
+                raise DecodeError(f"Tensor refers to frame {index + 1}, but the message has {len(self._aux) + 1}.")
             return _build_array(kind, dtype, shape, _as_buffer(self._aux[index]), share=self.share_mem)
         raise DecodeError(f"Unknown msgpack extension type {code}.")
 

@@ -100,11 +100,7 @@ def paged_attention(
     if use_triton(query):
         from vllite.kernels.triton_attention import paged_attention_triton
 
-        return paged_attention_triton(
-            query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, **kwargs
-        )
+        return paged_attention_triton(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, **kwargs)
     from vllite.kernels.reference import paged_attention_ref
 
-    return paged_attention_ref(
-        query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, **kwargs
-    )
+    return paged_attention_ref(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, **kwargs)

@@ -4,6 +4,7 @@ victim choice with refund, deadlock release, and the released fork's known bugs 
 from __future__ import annotations
 
 import pytest
+
 from vllite import plugin_manager
 from vllite.request import Request, RequestStatus
 from vllite.sched import create_scheduler

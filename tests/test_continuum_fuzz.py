@@ -9,6 +9,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import pytest
+
 from vllite.request import Request, RequestStatus
 from vllite.sched.testing import FakeExecutor, make_config, make_request
 from vllite.schedulers.continuum import ContinuumScheduler

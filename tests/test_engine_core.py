@@ -32,7 +32,7 @@ def run_to_completion(core: EngineCore, max_steps: int = 100) -> dict[str, list]
     reasons: dict[str, FinishReason] = {}
     for _ in range(max_steps):
         outputs, _ = core.step()
-        for output in (outputs.get(0).outputs if outputs.get(0) else []):
+        for output in outputs.get(0).outputs if outputs.get(0) else []:
             tokens.setdefault(output.request_id, []).extend(output.new_token_ids)
             if output.finish_reason is not None:
                 reasons[output.request_id] = output.finish_reason

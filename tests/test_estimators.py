@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from vllite.request import Request
 from vllite.sampling_params import SamplingParams
 from vllite.sched.testing import make_config

@@ -17,6 +17,7 @@ from test_executor_support import (
     make_model,
     single_thread,  # noqa: F401  (autouse fixture)
 )
+
 from vllite.exceptions import KVCacheMemoryError, ModelLoadError
 from vllite.plugins.executor.executor import DefaultExecutor
 from vllite.sampling_params import SamplingParams
@@ -308,6 +309,7 @@ def test_transformers_builds_no_attention_mask_for_our_path(
     model_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from transformers import AttentionInterface
+
     from vllite.plugins.executor import attention
 
     seen: list[object] = []

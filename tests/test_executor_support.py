@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from vllite.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from vllite.sampling_params import SamplingParams
 from vllite.sched.output import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput

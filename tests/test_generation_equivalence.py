@@ -11,6 +11,7 @@ import random
 
 import pytest
 import torch
+
 from vllite import LLM, SamplingParams
 from vllite.testing import make_tiny_model_dir_cached
 
@@ -24,14 +25,10 @@ def _prompts(vocab_size: int, n: int = 16, seed: int = 0, shared_prefix: int = 0
     return [prefix + [rng.randrange(10, vocab_size) for _ in range(rng.randint(3, 60))] for _ in range(n)]
 
 
-def _hf_greedy(
-    model_dir: str, prompts: list[list[int]], max_tokens: int
-) -> list[tuple[list[int], list[float]]]:
+def _hf_greedy(model_dir: str, prompts: list[list[int]], max_tokens: int) -> list[tuple[list[int], list[float]]]:
     from transformers import AutoModelForCausalLM, GenerationConfig
 
-    model = AutoModelForCausalLM.from_pretrained(
-        model_dir, torch_dtype=torch.float32, attn_implementation="eager"
-    )
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32, attn_implementation="eager")
     model.eval()
     config = GenerationConfig(
         do_sample=False, max_new_tokens=max_tokens, eos_token_id=None, pad_token_id=0, bos_token_id=None
@@ -77,9 +74,7 @@ def _assert_equal(outputs, expected, check_logprobs: bool = True):
         completion = output.outputs[0]
         assert completion.token_ids == hf_tokens, f"prompt {i}: {completion.token_ids} != HF {hf_tokens}"
         if check_logprobs:
-            ours = [
-                position[token].logprob for position, token in zip(completion.logprobs, completion.token_ids)
-            ]
+            ours = [position[token].logprob for position, token in zip(completion.logprobs, completion.token_ids)]
             assert ours == pytest.approx(hf_logprobs, abs=1e-4)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 
 import pytest
+
 from vllite import hookspecs
 
 HOOKS = [name for name, obj in vars(hookspecs).items() if name.startswith("vllite_") and callable(obj)]

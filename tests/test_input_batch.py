@@ -6,6 +6,7 @@ import random
 
 import numpy as np
 import pytest
+
 from vllite.logits_processor.interface import BatchUpdate, MoveDirectionality
 from vllite.plugins.executor.input_batch import CachedRequestState, InputBatch
 from vllite.sampling_params import SamplingParams

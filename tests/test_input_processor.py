@@ -6,6 +6,7 @@ import json
 import re
 
 import pytest
+
 from vllite.config import EngineConfig
 from vllite.engine.input_processor import InputProcessor, extract_prompt_text
 from vllite.engine.tokenizer import (
@@ -81,9 +82,7 @@ def test_chat_template(tokenizer):
     ids = apply_chat_template(tokenizer, [{"role": "user", "content": "hello"}])
     assert ids[0] == tokenizer.bos_token_id
     assert tokenizer.decode(ids).endswith("user: hello\nassistant:")
-    no_prompt = apply_chat_template(
-        tokenizer, [{"role": "user", "content": "hello"}], add_generation_prompt=False
-    )
+    no_prompt = apply_chat_template(tokenizer, [{"role": "user", "content": "hello"}], add_generation_prompt=False)
     assert not tokenizer.decode(no_prompt).endswith("assistant:")
 
 
@@ -115,13 +114,9 @@ def test_prompt_text_extraction():
 
 def test_cache_salt_priority_and_arrival(tokenizer, monkeypatch):
     proc = make_processor(tokenizer)
-    req = proc.process_inputs(
-        "r", {"prompt_token_ids": [3, 4], "cache_salt": "abc"}, SamplingParams(), priority=-2
-    )
+    req = proc.process_inputs("r", {"prompt_token_ids": [3, 4], "cache_salt": "abc"}, SamplingParams(), priority=-2)
     assert req.cache_salt == "abc" and req.priority == -2
-    req = proc.process_inputs(
-        "r", {"prompt_token_ids": [3], "cache_salt": "abc"}, SamplingParams(), cache_salt="x"
-    )
+    req = proc.process_inputs("r", {"prompt_token_ids": [3], "cache_salt": "abc"}, SamplingParams(), cache_salt="x")
     assert req.cache_salt == "x"
     monkeypatch.setattr("time.time", lambda: 1234.0)
     assert proc.process_inputs("r", [3], SamplingParams()).arrival_time == 1234.0
@@ -222,9 +217,7 @@ def test_params_are_cloned_and_defaults_filled(tokenizer, tokenizer_dir):
 
 def test_max_tokens_default_is_at_least_one(tokenizer):
     proc = make_processor(tokenizer, max_model_len=3)
-    assert (
-        proc.process_inputs("r", [3, 4, 5], SamplingParams(max_tokens=None)).sampling_params.max_tokens == 1
-    )
+    assert proc.process_inputs("r", [3, 4, 5], SamplingParams(max_tokens=None)).sampling_params.max_tokens == 1
 
 
 def test_explicit_max_tokens_kept(tokenizer):

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+
 from vllite.kernels import is_triton_available, paged_attention, reshape_and_cache
 from vllite.kernels.reference import paged_attention_ref, reshape_and_cache_ref
 
@@ -173,12 +174,8 @@ def test_reshape_and_cache_dispatch_casts_to_cache_dtype() -> None:
     ("num_heads", "num_kv_heads", "head_dim", "block_size"),
     [(4, 4, 16, 16), (8, 2, 48, 16), (6, 2, 80, 16), (4, 1, 32, 5)],
 )
-def test_paged_attention_ref_matches_naive(
-    num_heads: int, num_kv_heads: int, head_dim: int, block_size: int
-) -> None:
-    case = make_case(
-        MIXED, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size
-    )
+def test_paged_attention_ref_matches_naive(num_heads: int, num_kv_heads: int, head_dim: int, block_size: int) -> None:
+    case = make_case(MIXED, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size)
     scale = head_dim**-0.5
     got = paged_attention_ref(*case.args(), **case.kwargs(), scale=scale)
     assert got.shape == case.query.shape and got.dtype == torch.float32
@@ -296,9 +293,7 @@ def test_paged_attention_triton_interpreter_matches_ref(
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize(
-    ("dtype", "atol"), [(torch.float32, 5e-5), (torch.float16, 5e-3), (torch.bfloat16, 2e-2)]
-)
+@pytest.mark.parametrize(("dtype", "atol"), [(torch.float32, 5e-5), (torch.float16, 5e-3), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize(
     ("num_heads", "num_kv_heads", "head_dim", "sliding_window", "softcap"),
     [(32, 8, 128, None, None), (12, 4, 80, None, None), (8, 1, 64, 64, 30.0), (40, 40, 96, None, None)],

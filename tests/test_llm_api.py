@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from vllite import LLM, SamplingParams
 from vllite.exceptions import ModelLoadError
 from vllite.sampling_params import RequestOutputKind
@@ -35,9 +36,7 @@ def test_stop_string_truncates_and_reports(llm):
     assert len(full) > 6
     stop = full[3:6]
     for include in (False, True):
-        out = llm.generate(
-            PROMPTS[0], greedy(24, stop=[stop], include_stop_str_in_output=include), use_tqdm=False
-        )
+        out = llm.generate(PROMPTS[0], greedy(24, stop=[stop], include_stop_str_in_output=include), use_tqdm=False)
         completion = out[0].outputs[0]
         assert completion.finish_reason == "stop" and completion.stop_reason == stop
         cut = full.index(stop)
@@ -51,9 +50,7 @@ def test_stop_token_id_and_eos(llm):
     assert out.finish_reason == "stop" and out.stop_reason == stop_id
     assert out.token_ids == tokens[: tokens.index(stop_id) + 1]
     # min_tokens keeps the stop token from ending the request early.
-    out = llm.generate(PROMPTS[1], greedy(16, stop_token_ids=[stop_id], min_tokens=16), use_tqdm=False)[
-        0
-    ].outputs[0]
+    out = llm.generate(PROMPTS[1], greedy(16, stop_token_ids=[stop_id], min_tokens=16), use_tqdm=False)[0].outputs[0]
     assert len(out.token_ids) == 16
 
 
@@ -88,9 +85,7 @@ def test_output_kinds(llm, kind):
         assert sum(len(o.outputs[0].token_ids) for o in seen) == 6
     else:
         assert seen[-1].outputs[0].text == final_text
-        assert [len(o.outputs[0].token_ids) for o in seen] == sorted(
-            len(o.outputs[0].token_ids) for o in seen
-        )
+        assert [len(o.outputs[0].token_ids) for o in seen] == sorted(len(o.outputs[0].token_ids) for o in seen)
 
 
 def test_abort_gives_abort_reason(llm):
@@ -107,7 +102,7 @@ def test_chat(llm):
 
 
 def test_bad_input_is_clear_and_engine_keeps_serving(llm):
-    with pytest.raises(ValueError, match="max_model_len|too long|longer"):
+    with pytest.raises(ValueError, match=r"max_model_len|too long|longer"):
         llm.generate({"prompt_token_ids": [11] * 500}, greedy(4), use_tqdm=False)
     with pytest.raises(ValueError, match="temperature"):
         llm.generate(PROMPTS[0], SamplingParams(temperature=-1.0), use_tqdm=False)

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import torch
+
 from vllite.logits_processor import (
     AdapterLogitsProcessor,
     BatchUpdate,

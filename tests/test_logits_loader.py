@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 import vllite.logits_processor as lp
 from vllite import plugin_manager
 from vllite.builtin_logitsprocs.logit_bias import LogitBiasLogitsProcessor

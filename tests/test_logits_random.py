@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
 from vllite.builtin_logitsprocs.logit_bias import LogitBiasLogitsProcessor
 from vllite.builtin_logitsprocs.min_p import MinPLogitsProcessor
 from vllite.builtin_logitsprocs.min_tokens import MinTokensLogitsProcessor

@@ -15,6 +15,7 @@ from test_executor_support import (
     make_model,
     single_thread,  # noqa: F401  (autouse fixture)
 )
+
 from vllite.exceptions import ModelLoadError
 from vllite.plugins.executor.executor import DefaultExecutor
 from vllite.sampling_params import SamplingParams
@@ -146,6 +147,7 @@ def test_model_that_bypasses_our_attention_is_rejected(model_dir: Path) -> None:
 
 def test_model_class_from_vllite_register_models(tmp_path: Path) -> None:
     import transformers
+
     from vllite.hookspecs import hookimpl
     from vllite.plugin_manager import get_plugin_manager
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from vllite.engine.detokenizer import IncrementalDetokenizer, check_stop_strings
 from vllite.engine.output_processor import OutputProcessor, RequestOutputCollector
 from vllite.engine.parallel_sampling import ParentRequest
@@ -101,9 +102,7 @@ def test_stop_string_finishes_truncates_and_aborts(tok):
     proc.add_request(request(params=SamplingParams(stop=["STOP"])), "p")
     outs, aborts = feed(proc, "r", ids, finish=None)
     final = outs[-1]
-    assert (
-        final.finished and final.outputs[0].finish_reason == "stop" and final.outputs[0].stop_reason == "STOP"
-    )
+    assert final.finished and final.outputs[0].finish_reason == "stop" and final.outputs[0].stop_reason == "STOP"
     assert final.outputs[0].text == "hello world "
     assert aborts == ["r"] and not proc.has_unfinished_requests()
     # late outputs for the finished request are ignored
@@ -160,9 +159,7 @@ def test_engine_stop_token_not_in_text_and_not_aborted(tok):
 
 def test_special_tokens_kept_when_asked(tok):
     proc = OutputProcessor(tok)
-    proc.add_request(
-        request(params=SamplingParams(skip_special_tokens=False, include_stop_str_in_output=True)), ""
-    )
+    proc.add_request(request(params=SamplingParams(skip_special_tokens=False, include_stop_str_in_output=True)), "")
     out = step(proc, "r", [*tok.encode("hi"), EOS], FinishReason.STOP).request_outputs[0]
     assert out.outputs[0].text.endswith("</s>")
 
@@ -175,9 +172,7 @@ def test_cumulative_outputs(tok):
     first = step(proc, "int-1", ids[:1]).request_outputs[0]
     second = step(proc, "int-1", ids[1:], FinishReason.LENGTH).request_outputs[0]
     assert first.request_id == "ext" and first.prompt == "the prompt" and first.prompt_token_ids == [5, 6, 7]
-    assert (
-        not first.finished and first.outputs[0].finish_reason is None and first.outputs[0].stop_reason is None
-    )
+    assert not first.finished and first.outputs[0].finish_reason is None and first.outputs[0].stop_reason is None
     assert second.outputs[0].token_ids == ids and second.outputs[0].text == "hello world"
     assert second.finished and second.outputs[0].finish_reason == "length"
     assert dict(proc.external_req_ids) == {}
@@ -324,11 +319,7 @@ def test_n_final_only_aggregates_in_index_order(tok):
     assert len(outs) == 1 and outs[0].request_id == "0" and outs[0].finished
     assert [c.index for c in outs[0].outputs] == [0, 1, 2]
     assert [c.token_ids for c in outs[0].outputs] == [[11], [12, 13], [10]]
-    assert (
-        not proc.has_unfinished_requests()
-        and proc.parent_requests == {}
-        and dict(proc.external_req_ids) == {}
-    )
+    assert not proc.has_unfinished_requests() and proc.parent_requests == {} and dict(proc.external_req_ids) == {}
 
 
 def test_n_streaming_passes_child_outputs_through(tok):

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from vllite import plugin_manager
-from vllite.exceptions import DuplicateComponentError, PluginLoadError, UnknownComponentError
 
 from tests.plugin_utils import forget_modules, make_distribution
+from vllite import plugin_manager
+from vllite.exceptions import DuplicateComponentError, PluginLoadError, UnknownComponentError
 
 SCHEDULER_PLUGIN = """
 from vllite import hookimpl
@@ -105,9 +105,7 @@ def test_misspelt_hook_fails_at_start(plugin_root):
         plugin_root,
         "typo-dist",
         {"vllite": {"typo": "typo_mod"}},
-        {
-            "typo_mod": "from vllite import hookimpl\n@hookimpl\ndef vllite_register_schedulerz(register):\n    pass\n"
-        },
+        {"typo_mod": "from vllite import hookimpl\n@hookimpl\ndef vllite_register_schedulerz(register):\n    pass\n"},
     )
     with pytest.raises(PluginLoadError, match="vllite_register_schedulerz"):
         plugin_manager.get_plugin_manager()

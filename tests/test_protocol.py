@@ -7,6 +7,7 @@ import gc
 import msgspec
 import pytest
 import torch
+
 from vllite.protocol import (
     FINISH_REASON_STRINGS,
     EngineCoreEvent,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 
 import pytest
+
 from vllite.protocol import EngineCoreEventType, EngineCoreRequest, FinishReason
 from vllite.request import Request, RequestStatus
 from vllite.sampling_params import SamplingParams

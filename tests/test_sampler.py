@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from test_executor_support import single_thread  # noqa: F401  (autouse fixture)
+
 from vllite.plugins.executor.sampler import (
     Sampler,
     SamplingMetadata,

@@ -6,6 +6,7 @@ import math
 
 import msgspec
 import pytest
+
 from vllite.sampling_params import RequestOutputKind, SamplingParams, SamplingType
 from vllite.serial import MsgpackDecoder, MsgpackEncoder
 

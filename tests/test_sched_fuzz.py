@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from vllite.request import RequestStatus
 from vllite.sched import Scheduler
 from vllite.sched.testing import FakeExecutor, make_config, make_request

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
+
 from vllite import plugin_manager
 from vllite.exceptions import PluginLoadError, UnknownComponentError
 from vllite.hookspecs import hookimpl

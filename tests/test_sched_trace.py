@@ -6,6 +6,7 @@ import importlib
 import json
 
 import pytest
+
 from vllite import plugin_manager
 from vllite.sched import FCFSRequestQueue, PriorityRequestQueue, create_request_queue, create_scheduler
 from vllite.sched.testing import FakeExecutor, make_config, make_request

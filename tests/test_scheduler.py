@@ -4,6 +4,7 @@ pause states, speculative decoding, the executor-facing output and stats."""
 from __future__ import annotations
 
 import pytest
+
 from vllite.protocol import EngineCoreEventType, FinishReason
 from vllite.request import RequestStatus
 from vllite.sched import PauseState, Scheduler

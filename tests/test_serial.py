@@ -14,6 +14,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from vllite.protocol import (
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -240,9 +241,7 @@ def _valid_messages() -> list[tuple[type, list[bytes]]]:
     lt = LogprobsTensors(torch.arange(40).reshape(10, 4), torch.randn(10, 4), torch.arange(10))
     outs = EngineCoreOutputs(
         outputs=[
-            EngineCoreOutput(
-                "a", [1, 2], LogprobsLists([[1, 2]], [[-0.1, -2.0]], [1]), lt, FinishReason.STOP, "x"
-            ),
+            EngineCoreOutput("a", [1, 2], LogprobsLists([[1, 2]], [[-0.1, -2.0]], [1]), lt, FinishReason.STOP, "x"),
             EngineCoreOutput("b", [3]),
         ],
         finished_requests={"a"},
@@ -294,8 +293,6 @@ def test_fuzz_random_bytes(main, aux):
     st.one_of(st.binary(max_size=40), st.integers(-2, 3)),
 )
 def test_fuzz_array_headers(code, kind, dtype, shape, data):
-    frames = [
-        msgspec.msgpack.encode(msgspec.msgpack.Ext(code, msgspec.msgpack.encode([kind, dtype, shape, data])))
-    ]
+    frames = [msgspec.msgpack.encode(msgspec.msgpack.Ext(code, msgspec.msgpack.encode([kind, dtype, shape, data])))]
     frames.append(b"\0" * 16)
     _decode_only_decode_errors(None, frames)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pytest
+
 from vllite.schedulers.tool_parsers import (
     MULTI_TOOL,
     AutoParser,

@@ -39,9 +39,7 @@ def resolve_executor_class(config: EngineConfig) -> type:
 class EngineCore:
     """One engine: an executor and a scheduler, stepped by the caller (in-process) or a busy loop (process)."""
 
-    def __init__(
-        self, config: EngineConfig, *, executor_class: type | None = None, log_stats: bool | None = None
-    ):
+    def __init__(self, config: EngineConfig, *, executor_class: type | None = None, log_stats: bool | None = None):
         from vllite.sched import PauseState, create_scheduler
 
         self.config = config

@@ -139,8 +139,6 @@ def make_client(
     name = ("async_mp" if asyncio_mode else "mp") if multiprocess else "inprocess"
     if name not in clients:
         if asyncio_mode:
-            raise ValueError(
-                "The async engine needs the multiprocess engine-client plugin ('async_mp'), not found."
-            )
+            raise ValueError("The async engine needs the multiprocess engine-client plugin ('async_mp'), not found.")
         name = "inprocess"
     return clients[name](config, log_stats=log_stats)

@@ -152,18 +152,14 @@ class InputProcessor:
         elif isinstance(prompt, Mapping):
             unknown = set(prompt) - {"prompt", "prompt_token_ids", "cache_salt", "type", "arrival_time"}
             if unknown:
-                raise ValueError(
-                    f"Unknown prompt keys {sorted(unknown)}; use 'prompt' or 'prompt_token_ids'."
-                )
+                raise ValueError(f"Unknown prompt keys {sorted(unknown)}; use 'prompt' or 'prompt_token_ids'.")
             salt = prompt.get("cache_salt")
             if prompt.get("prompt_token_ids") is not None:
                 token_ids = _check_token_list(prompt["prompt_token_ids"])
             elif isinstance(prompt.get("prompt"), str):
                 token_ids = self._encode(prompt["prompt"])
             else:
-                raise ValueError(
-                    "A dict prompt needs 'prompt' (a string) or 'prompt_token_ids' (a list of ints)."
-                )
+                raise ValueError("A dict prompt needs 'prompt' (a string) or 'prompt_token_ids' (a list of ints).")
         elif isinstance(prompt, Sequence) and not isinstance(prompt, (bytes, bytearray)):
             token_ids = _check_token_list(prompt)
         else:
@@ -193,9 +189,7 @@ class InputProcessor:
         lowest, highest = min(token_ids), max(token_ids)
         if lowest < 0 or (vocab is not None and highest >= vocab):
             bad = lowest if lowest < 0 else highest
-            raise ValueError(
-                f"Token id {bad} in the prompt is out of vocabulary (ids must be in [0, {vocab}))."
-            )
+            raise ValueError(f"Token id {bad} in the prompt is out of vocabulary (ids must be in [0, {vocab})).")
         max_len = self.max_model_len
         if max_len is not None and len(token_ids) > max_len:
             raise ValueError(
@@ -214,8 +208,7 @@ class InputProcessor:
                 out_of_range = [t for t in (ids or ()) if t >= vocab]
                 if out_of_range:
                     raise ValueError(
-                        f"SamplingParams.{name} has token ids out of vocabulary (size {vocab}): "
-                        f"{out_of_range[:5]}."
+                        f"SamplingParams.{name} has token ids out of vocabulary (size {vocab}): {out_of_range[:5]}."
                     )
         if params.stop and self.tokenizer is None:
             raise ValueError("SamplingParams.stop strings need a tokenizer; this engine has none.")

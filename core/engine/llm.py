@@ -70,9 +70,7 @@ class LLM:
         priority: list[int] | None = None,
     ) -> list[RequestOutput]:
         """Generates for every prompt and returns the finished outputs in input order."""
-        if isinstance(prompts, (str, dict)) or (
-            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
-        ):
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         prompts = list(prompts)  # type: ignore[arg-type]
         if sampling_params is None:
@@ -120,9 +118,7 @@ class LLM:
                     params = params.clone()
                     params.output_kind = RequestOutputKind.FINAL_ONLY
                 request_id = str(next(self._counter))
-                self.llm_engine.add_request(
-                    request_id, prompt, params, priority=priority[i] if priority else 0
-                )
+                self.llm_engine.add_request(request_id, prompt, params, priority=priority[i] if priority else 0)
                 added.append(request_id)
         except Exception:
             # One bad prompt fails the call, but leaves nothing half-submitted behind.

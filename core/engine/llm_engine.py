@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import msgspec
+
 from vllite.config import EngineArgs, EngineConfig
 from vllite.outputs import RequestOutput
 from vllite.sampling_params import SamplingParams

@@ -10,9 +10,7 @@ from vllite.outputs import Logprob, PromptLogprobs, SampleLogprobs
 from vllite.protocol import EngineCoreOutput, EngineCoreRequest, LogprobsLists, LogprobsTensors
 
 
-def decode_tokens(
-    tokenizer: Any, token_ids: Sequence[int], skip_special_tokens: bool = False
-) -> list[str | None]:
+def decode_tokens(tokenizer: Any, token_ids: Sequence[int], skip_special_tokens: bool = False) -> list[str | None]:
     """Each token's own text (``None`` for all without a tokenizer); partial characters decode to U+FFFD."""
     if tokenizer is None:
         return [None] * len(token_ids)
@@ -70,9 +68,7 @@ class LogprobsProcessor:
         assert self.logprobs is not None and self.cumulative_logprob is not None
         # The engine returns the batch's largest top-N for every row; keep this request's own N (+ the sample).
         width = _columns(self.num_logprobs)
-        for token_ids, logprobs, rank in zip(
-            lists.logprob_token_ids, lists.logprobs, lists.sampled_token_ranks
-        ):
+        for token_ids, logprobs, rank in zip(lists.logprob_token_ids, lists.logprobs, lists.sampled_token_ranks):
             token_ids, logprobs = token_ids[:width], logprobs[:width]
             self.cumulative_logprob += float(logprobs[0])
             decoded = decode_tokens(self.tokenizer, token_ids)

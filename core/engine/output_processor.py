@@ -173,9 +173,7 @@ class OutputProcessor:
         req_id = request.request_id
         if req_id in self.request_states:
             raise ValueError(f"Request id {req_id!r} is already running.")
-        state = RequestState(
-            request, prompt, self.tokenizer, parent_req, request_index, queue, self.log_stats
-        )
+        state = RequestState(request, prompt, self.tokenizer, parent_req, request_index, queue, self.log_stats)
         self.request_states[req_id] = state
         if parent_req is not None:
             self.parent_requests[parent_req.request_id] = parent_req
@@ -333,9 +331,7 @@ def merge_request_outputs(into: RequestOutput, new: RequestOutput, *, aggregate:
     into.num_cached_tokens = new.num_cached_tokens
     into.kv_transfer_params = new.kv_transfer_params or into.kv_transfer_params
     if new.prompt_logprobs:
-        into.prompt_logprobs = (
-            (into.prompt_logprobs or []) + new.prompt_logprobs if aggregate else new.prompt_logprobs
-        )
+        into.prompt_logprobs = (into.prompt_logprobs or []) + new.prompt_logprobs if aggregate else new.prompt_logprobs
     for completion in new.outputs:
         position = next((i for i, c in enumerate(into.outputs) if c.index == completion.index), None)
         if position is None:

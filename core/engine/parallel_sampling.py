@@ -45,9 +45,7 @@ class ParentRequest:
         params.seed = seed + index
         return params
 
-    def get_outputs(
-        self, child_request_id: str, output: CompletionOutput
-    ) -> tuple[list[CompletionOutput], bool]:
+    def get_outputs(self, child_request_id: str, output: CompletionOutput) -> tuple[list[CompletionOutput], bool]:
         """What to emit for one child output, and whether the parent is now finished."""
         already_returned = False
         if output.finished():

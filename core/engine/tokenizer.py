@@ -34,8 +34,7 @@ def get_tokenizer(path: str | Path, *, trust_remote_code: bool = False, **kwargs
     folder = Path(path).expanduser()
     if not folder.is_dir():
         raise ModelLoadError(
-            f"Tokenizer folder {str(folder)!r} does not exist "
-            "(vllite loads tokenizers from local folders only)."
+            f"Tokenizer folder {str(folder)!r} does not exist (vllite loads tokenizers from local folders only)."
         )
     present = [name for name in TOKENIZER_FILES if (folder / name).is_file()]
     if not present:
@@ -51,8 +50,7 @@ def get_tokenizer(path: str | Path, *, trust_remote_code: bool = False, **kwargs
         )
     except Exception as e:
         raise ModelLoadError(
-            f"Could not load the tokenizer in {str(folder)!r} (files: {', '.join(present)}): "
-            f"{type(e).__name__}: {e}"
+            f"Could not load the tokenizer in {str(folder)!r} (files: {', '.join(present)}): {type(e).__name__}: {e}"
         ) from e
 
 

@@ -13,6 +13,7 @@ from vllite.logits_processor.state import process_dict_updates
 
 if TYPE_CHECKING:
     import torch
+
     from vllite.sampling_params import SamplingParams
 
 # f(output_ids, logits_row) -> logits_row, or f(prompt_ids, output_ids, logits_row) -> logits_row.

@@ -27,6 +27,7 @@ from vllite.logits_processor.slot import adapt_slot_processor, is_slot_interface
 
 if TYPE_CHECKING:
     import torch
+
     from vllite.sampling_params import SamplingParams
 
 LOGITSPROCS_GROUP = "vllm.logits_processors"

@@ -21,6 +21,7 @@ from vllite.logits_processor.interface import BatchUpdate, LogitsProcessor, Move
 if TYPE_CHECKING:
     import numpy as np
     import torch
+
     from vllite.sampling_params import SamplingParams
 
 _DEFAULT_TOKEN_CAPACITY = 256

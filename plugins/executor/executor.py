@@ -15,6 +15,7 @@ import gc
 import logging
 
 import torch
+
 from vllite.exceptions import ModelLoadError
 from vllite.executor import Executor
 from vllite.kv_cache.sizing import (

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
 from vllite.logits_processor.builder import BatchUpdateBuilder
 from vllite.logits_processor.interface import BatchUpdate, MoveDirectionality
 from vllite.sampling_params import SamplingType

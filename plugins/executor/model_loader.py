@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
 from vllite.exceptions import ModelLoadError
 from vllite.plugins.executor.attention import register_attention
 

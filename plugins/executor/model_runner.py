@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import torch
+
 from vllite.config import EngineConfig
 from vllite.plugins.executor.attention import AttentionMetadata, forward_context
 from vllite.plugins.executor.input_batch import CachedRequestState, InputBatch

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
+
 from vllite.plugins.executor.input_batch import CachedRequestState
 from vllite.plugins.executor.sampler import gather_logprobs
 from vllite.protocol import LogprobsTensors

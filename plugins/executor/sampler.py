@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
 from vllite.protocol import LogprobsTensors
 
 _SAMPLING_EPS = 1e-5

@@ -6,10 +6,11 @@ from importlib import metadata
 
 import pytest
 import torch
+from vllite_force_token import ForceTokenLogitsProcessor
+
 from vllite.config import SchedulerConfig, VllmConfig
 from vllite.logits_processor import BatchUpdate, MoveDirectionality, build_logitsprocs, validate_sampling_params
 from vllite.sampling_params import SamplingParams
-from vllite_force_token import ForceTokenLogitsProcessor
 
 
 def update(batch_size, removed=(), added=(), moved=()):

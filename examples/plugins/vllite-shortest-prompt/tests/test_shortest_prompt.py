@@ -5,9 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from vllite_shortest_prompt import ShortestPromptQueue, ShortestPromptScheduler
+
 from vllite.request import RequestStatus
 from vllite.sched.testing import make_config, make_request
-from vllite_shortest_prompt import ShortestPromptQueue, ShortestPromptScheduler
 
 
 def _scheduler(**kw):
