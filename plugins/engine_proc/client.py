@@ -26,6 +26,7 @@ from typing import Any
 
 import msgspec
 import zmq
+
 from vllite.config import EngineConfig
 from vllite.engine.core_client import UTILITY_METHODS, EngineCoreClient
 from vllite.exceptions import EngineDeadError
@@ -73,8 +74,11 @@ class BackgroundResources:
         if self.closed:
             return
         self.closed = True
-        self._stop_output_thread()
+        # The engine first, while the output socket is still open: a draining (or aborting) engine flushes its
+        # last outputs to it before exiting; were it closed, the engine's PUSH socket would linger on them for
+        # seconds. The output thread sees the process exit (``closed`` is set), delivers what arrived, and stops.
         self._stop_process()
+        self._stop_output_thread()
         with self.send_lock:
             for socket in (self.input_socket, self.output_socket):
                 if socket is not None and not socket.closed:

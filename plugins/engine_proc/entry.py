@@ -4,9 +4,14 @@
 manager on first use, from the ``sys.path`` and environment the parent passed on, so a scheduler or logits
 processor from a third-party distribution works across the process boundary.
 
-SIGTERM / SIGINT request a shutdown (RUNNING → REQUESTED): the handler only writes a byte to a pipe; a watcher
-thread then wakes the busy loop (touching ``queue.Queue`` inside a signal handler could deadlock on its lock).
-If the parent process dies, the same watcher requests an immediate shutdown (drain timeout 0).
+SIGTERM / SIGINT request a shutdown (RUNNING → REQUESTED). The pipe a watcher thread selects on is installed as
+the signal wakeup fd (``signal.set_wakeup_fd``), so CPython's C-level handler writes the signal number to it the
+moment the signal arrives, whichever thread receives it; the watcher then wakes the busy loop (touching
+``queue.Queue`` inside a signal handler could deadlock on its lock). The Python-level handler is not relied on
+for that: it runs only when the main thread next checks for pending signals, and a main thread that goes idle
+in ``input_queue.get()`` around the time the signal arrives can block without running it, which left the engine
+running until the client killed it. If the parent process dies, the same watcher
+requests an immediate shutdown (drain timeout 0).
 """
 
 from __future__ import annotations
@@ -55,13 +60,22 @@ class _Watcher:
         self._thread = threading.Thread(target=self._run, name="EngineCoreWatcher", daemon=True)
         self._thread.start()
 
+    def install(self) -> None:
+        """Main thread only: routes SIGTERM/SIGINT to the watcher's pipe at C level, and to ``on_signal``."""
+        signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
+        signal.signal(signal.SIGTERM, self.on_signal)
+        signal.signal(signal.SIGINT, self.on_signal)
+
+    @staticmethod
+    def uninstall() -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.set_wakeup_fd(-1)
+
     def on_signal(self, signum: int, frame: Any) -> None:
+        # The wakeup fd has already told the watcher; this (main-thread) handler only aborts a start-up.
         if self.engine is None:
             raise SystemExit(128 + signum)  # still starting up: stop loading right away
-        try:
-            os.write(self._write_fd, b"s")
-        except OSError:
-            pass
 
     def _run(self) -> None:
         fds = [self._read_fd]
@@ -70,8 +84,8 @@ class _Watcher:
         while True:
             readable, _, _ = select.select(fds, [], [])
             if self._read_fd in readable:
-                os.read(self._read_fd, 64)
-                if self.engine is not None:
+                signums = os.read(self._read_fd, 64)  # one byte per signal, written by CPython's C handler
+                if self.engine is not None and any(n in (signal.SIGTERM, signal.SIGINT) for n in signums):
                     logger.info("Shutdown requested by signal")
                     self.engine.request_shutdown()
             if self._parent_conn is not None and self._parent_conn.fileno() in readable:
@@ -103,8 +117,7 @@ def run_engine_core(
     from .core_proc import EngineCoreProc
 
     watcher = _Watcher(parent_conn)
-    signal.signal(signal.SIGTERM, watcher.on_signal)
-    signal.signal(signal.SIGINT, watcher.on_signal)
+    watcher.install()
     engine_core: EngineCoreProc | None = None
     exit_code = 0
     try:
@@ -125,14 +138,16 @@ def run_engine_core(
             logger.exception("EngineCore encountered a fatal error.")
             engine_core._send_engine_dead()
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        watcher.uninstall()
         if engine_core is not None:
             try:
                 engine_core.shutdown()
             except Exception:
                 logger.exception("EngineCore shutdown failed")
-    # Skip interpreter teardown (seconds with torch loaded): everything that matters is flushed or closed.
+    # Skip interpreter teardown (seconds with torch loaded): everything that matters is flushed or closed. The
+    # multiprocessing finalizers still run: they unlink named semaphores created here (tqdm's lock, made while
+    # loading weights, registers with the parent's resource tracker, which otherwise reports it as leaked).
+    _run_multiprocessing_finalizers()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -140,3 +155,12 @@ def run_engine_core(
         except Exception:
             pass
     os._exit(exit_code)
+
+
+def _run_multiprocessing_finalizers() -> None:
+    try:
+        from multiprocessing import util
+
+        util._run_finalizers()  # what a normal process exit runs (``util._exit_function``), minus joining children
+    except Exception:
+        logger.exception("Running the multiprocessing finalizers failed")
