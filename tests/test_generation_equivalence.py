@@ -123,3 +123,10 @@ def test_multiprocess_engine_matches(model_case, monkeypatch):
     monkeypatch.setenv("VLLITE_ENABLE_MULTIPROCESSING", "1")
     _, outputs = _generate(model_dir, prompts, max_num_batched_tokens=24, num_gpu_blocks_override=14)
     _assert_equal(outputs, expected)
+
+
+def test_pipelined_step_matches(model_case):
+    """batch_queue_depth=2 schedules the next batch while one executes; outputs must not change."""
+    model_dir, prompts, expected = model_case
+    _, outputs = _generate(model_dir, prompts, max_num_batched_tokens=40, batch_queue_depth=2)
+    _assert_equal(outputs, expected)

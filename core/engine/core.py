@@ -119,18 +119,13 @@ class EngineCore:
         model_executed = False
         if self.scheduler.has_requests() and len(self.batch_queue) < self.batch_queue_size:
             scheduler_output = self.scheduler.schedule()
-            if scheduler_output.total_num_scheduled_tokens > 0:
-                future = self._executor_pool.submit(self._execute, scheduler_output)
-                self.batch_queue.appendleft((future, scheduler_output))
-                model_executed = True
-                if len(self.batch_queue) < self.batch_queue_size and not self.batch_queue[-1][0].done():
-                    return None, True
-            else:
-                # Nothing to run, but finished/aborted bookkeeping must still reach the executor and clients.
-                model_output = self._execute(scheduler_output)
-                outputs = self.scheduler.update_from_output(scheduler_output, model_output)
-                if not self.batch_queue:
-                    return outputs, False
+            # Even an empty step goes through the worker, in order: the executor must drop finished requests,
+            # and only one thread may touch the executor's state.
+            future = self._executor_pool.submit(self._execute, scheduler_output)
+            self.batch_queue.appendleft((future, scheduler_output))
+            model_executed = scheduler_output.total_num_scheduled_tokens > 0
+            if model_executed and len(self.batch_queue) < self.batch_queue_size and not self.batch_queue[-1][0].done():
+                return None, True
         if not self.batch_queue:
             return None, model_executed
         future, scheduler_output = self.batch_queue.pop()
