@@ -136,6 +136,16 @@ def test_utility_success_failure_and_allow_list(client, col):
     assert col.tokens["util-after"] == expected_tokens(4, 2)
 
 
+def test_request_rejected_by_the_engine_finishes_with_error(client, col):
+    # The frontend validates lengths, but a request reaching the engine directly must not kill it.
+    client.add_request(request("too-long", prompt_len=300, max_tokens=2))
+    client.add_request(request("fine", max_tokens=2))
+    col.until_finished("too-long", "fine")
+    assert col.finish["too-long"] == FinishReason.ERROR
+    assert str(col.finish["too-long"]) == "error"
+    assert col.tokens["fine"] == expected_tokens(4, 2)
+
+
 def test_sleep_and_wake_up_round_trip(client, col):
     client.call_utility("sleep", 1)
     assert client.call_utility("is_sleeping") is True
