@@ -10,10 +10,10 @@ import signal
 import time
 
 import pytest
-from vllite.exceptions import EngineDeadError
-from vllite.sampling_params import RequestOutputKind, SamplingParams
 
 from tests.test_engine_proc import FAKE_EXECUTOR, ensure_engine_proc_plugin, expected_tokens
+from vllite.exceptions import EngineDeadError
+from vllite.sampling_params import RequestOutputKind, SamplingParams
 
 
 def _params(max_tokens: int, kind: RequestOutputKind = RequestOutputKind.DELTA) -> SamplingParams:
@@ -151,3 +151,17 @@ def test_sigkill_raises_engine_dead_in_every_open_stream_within_5s():
         assert engine.errored
     finally:
         engine.shutdown()
+
+
+def test_bad_logits_processor_argument_is_rejected_at_submit(llm):
+    """Every loaded processor's validate_params runs in the frontend, before the engine sees the request."""
+
+    async def main() -> None:
+        bad = SamplingParams(max_tokens=2, extra_args={"thinking_token_budget": -3})
+        with pytest.raises(ValueError, match="thinking_token_budget"):
+            async for _ in llm.generate([1, 2, 3], bad, "bad-arg"):
+                pass
+        outputs = [out async for out in llm.generate([1, 2, 3], _params(2), "after-bad")]
+        assert sum(len(o.outputs[0].token_ids) for o in outputs) == 2
+
+    asyncio.run(main())

@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 import pytest
 import zmq
+
 from vllite.config import EngineArgs
 from vllite.protocol import EngineCoreRequest, EngineCoreRequestType, FinishReason
 from vllite.sampling_params import SamplingParams

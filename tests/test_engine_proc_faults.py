@@ -9,10 +9,10 @@ import threading
 import time
 
 import pytest
-from vllite.exceptions import EngineDeadError
-from vllite.protocol import FinishReason
 
 from tests.test_engine_proc import Collector, ensure_engine_proc_plugin, expected_tokens, make_config, request
+from vllite.exceptions import EngineDeadError
+from vllite.protocol import FinishReason
 
 
 def _client(**kwargs):

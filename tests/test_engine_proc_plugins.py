@@ -7,12 +7,12 @@ import time
 from pathlib import Path
 
 import pytest
-from vllite.config import EngineArgs
-from vllite.protocol import EngineCoreRequest
-from vllite.sampling_params import SamplingParams
 
 from tests.plugin_utils import forget_modules, make_distribution
 from tests.test_engine_proc import Collector, ensure_engine_proc_plugin
+from vllite.config import EngineArgs
+from vllite.protocol import EngineCoreRequest
+from vllite.sampling_params import SamplingParams
 
 FORCED_TOKEN = 7
 
@@ -72,6 +72,7 @@ def throwaway_dist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 def test_scheduler_and_logits_processor_from_a_distribution_run_in_the_child(throwaway_dist, tmp_path):
     pytest.importorskip("transformers")
     from test_executor_support import make_model
+
     from vllite.plugins.engine_proc.client import SyncMPClient
 
     ensure_engine_proc_plugin()

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import vllite.logits_processor as lp
 from vllite import plugin_manager
 from vllite.builtin_logitsprocs.logit_bias import LogitBiasLogitsProcessor
 from vllite.builtin_logitsprocs.min_p import MinPLogitsProcessor
@@ -439,4 +438,3 @@ def test_slot_interface_adapted_onto_batch_updates(env, monkeypatch):
 def test_container_from_build_is_a_logits_processors(env, monkeypatch):
     monkeypatch.setenv("VLLITE_PLUGINS", "")
     assert isinstance(build_logitsprocs(config(), "cpu", False), LogitsProcessors)
-    assert lp.load_logitsproc_classes is lp.load_logitsprocs_classes  # both spellings are in use

@@ -146,10 +146,6 @@ def load_logitsprocs_classes(vllm_config: Any = None, custom: Sequence[type | st
     return [item.cls for item in load_logitsprocs(vllm_config, custom)]
 
 
-# The spelling other parts of the engine use; same function.
-load_logitsproc_classes = load_logitsprocs_classes
-
-
 def build_logitsprocs(
     vllm_config: Any, device: torch.device | str, is_pin_memory: bool, custom: Sequence[type | str] = ()
 ) -> LogitsProcessors:

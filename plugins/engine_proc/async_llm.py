@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -44,29 +43,19 @@ class AsyncLLM:
         **engine_kwargs: Any,
     ) -> None:
         from vllite.engine.core_client import make_client
-        from vllite.engine.input_processor import InputProcessor
-        from vllite.engine.output_processor import OutputProcessor
-        from vllite.engine.tokenizer import get_tokenizer
+        from vllite.engine.frontend import Frontend
 
         if config is None:
             config = EngineArgs(model=model, **engine_kwargs).create_engine_config()
         elif model is not None or engine_kwargs:
             raise ValueError("Pass either config= or model/engine keyword arguments, not both.")
         self.config = config
-        model_config = config.model_config
-        self.tokenizer = (
-            None
-            if model_config.skip_tokenizer_init
-            else get_tokenizer(
-                model_config.tokenizer or model_config.model, trust_remote_code=model_config.trust_remote_code
-            )
-        )
-        self.logitsproc_classes = _load_logitsproc_classes(config)
+        self.frontend = Frontend(config, log_stats=log_stats)
         self.engine_core: Any = make_client(config, multiprocess=True, asyncio_mode=True, log_stats=log_stats)
-        if self.engine_core.max_model_len is not None:
-            config.set_max_model_len(self.engine_core.max_model_len)
-        self.input_processor = _make_input_processor(InputProcessor, config, self.tokenizer, self.logitsproc_classes)
-        self.output_processor = OutputProcessor(self.tokenizer, log_stats=log_stats)
+        self.frontend.attach_engine(self.engine_core)
+        self.tokenizer = self.frontend.tokenizer
+        self.input_processor = self.frontend.input_processor
+        self.output_processor = self.frontend.output_processor
         self._output_handler: asyncio.Task | None = None
 
     @classmethod
@@ -101,31 +90,16 @@ class AsyncLLM:
     ) -> Any:
         """Validates and submits one prompt; returns its ``RequestOutputCollector``."""
         from vllite.engine.output_processor import RequestOutputCollector
-        from vllite.engine.parallel_sampling import ParentRequest
 
         if self.errored:
             raise EngineDeadError()
         self._ensure_output_handler()
         params = params or SamplingParams()
-        request = self.input_processor.process_inputs(
-            request_id, prompt, params, arrival_time=arrival_time or time.time(), priority=priority
-        )
         queue = RequestOutputCollector(output_kind=params.output_kind)
-        prompt_text = (
-            prompt if isinstance(prompt, str) else (prompt.get("prompt") if isinstance(prompt, Mapping) else None)
-        )
-        if request.params.n == 1:
-            self.output_processor.add_request(request, prompt_text, None, 0, queue)
+        for request in self.frontend.prepare(
+            request_id, prompt, params, arrival_time=arrival_time, priority=priority, queue=queue
+        ):
             await self.engine_core.add_request_async(request)
-            return queue
-        import msgspec
-
-        parent = ParentRequest(request)
-        for index in range(request.params.n):
-            child_id, child_params = parent.get_child_info(index)
-            child = msgspec.structs.replace(request, request_id=child_id, sampling_params=child_params)
-            self.output_processor.add_request(child, prompt_text, parent, index, queue)
-            await self.engine_core.add_request_async(child)
         return queue
 
     async def generate(
@@ -221,22 +195,6 @@ class AsyncLLM:
             self.shutdown()
         except Exception:
             pass
-
-
-def _load_logitsproc_classes(config: EngineConfig) -> Any:
-    """The logits-processor classes, loaded in the frontend too so bad per-request arguments fail at submit."""
-    import vllite.logits_processor as lp
-
-    loader = getattr(lp, "load_logitsproc_classes", None) or getattr(lp, "load_logitsprocs_classes", None)
-    return loader(config) if loader is not None else None
-
-
-def _make_input_processor(cls: type, config: EngineConfig, tokenizer: Any, logitsproc_classes: Any) -> Any:
-    import inspect
-
-    if logitsproc_classes is not None and "logitsproc_classes" in inspect.signature(cls).parameters:
-        return cls(config, tokenizer, logitsproc_classes=logitsproc_classes)
-    return cls(config, tokenizer)
 
 
 async def _output_handler(engine_core: Any, output_processor: Any) -> None:

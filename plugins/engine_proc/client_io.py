@@ -13,6 +13,7 @@ from concurrent.futures import Future
 from typing import Any
 
 import zmq
+
 from vllite.exceptions import EngineDeadError
 from vllite.protocol import EngineCoreOutputs
 from vllite.serial import MsgpackDecoder

@@ -25,6 +25,7 @@ from typing import Any
 
 import msgspec
 import zmq
+
 from vllite.config import EngineConfig
 from vllite.engine.core import EngineCore
 from vllite.engine.core_client import UTILITY_METHODS

@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 import zmq
+
 from vllite.protocol import EngineCoreReadyResponse, EngineCoreRequest, EngineCoreRequestType, FinishReason
 from vllite.serial import DecodeError, MsgpackDecoder, MsgpackEncoder
 

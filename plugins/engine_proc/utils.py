@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 import zmq
+
 from vllite.config import EngineConfig
 
 PLUGIN_KEY = "engine_proc"
