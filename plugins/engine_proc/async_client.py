@@ -93,17 +93,7 @@ class AsyncMPClient(MPClient):
         """Calls an allow-listed engine method; awaits its (possibly deferred) result."""
         return await asyncio.wrap_future(self._send_utility(method, args))
 
-    # The synchronous interface, for callers outside the event loop.
-    def add_request(self, request: EngineCoreRequest) -> None:
-        self._send_input(EngineCoreRequestType.ADD, request)
-
-    def abort_requests(self, request_ids: list[str]) -> None:
-        if request_ids and not self.resources.engine_dead and not self.resources.closed:
-            self._send_input(EngineCoreRequestType.ABORT, list(request_ids))
-
-    def call_utility(self, method: str, *args: Any) -> Any:
-        return self._send_utility(method, args).result()
-
+    # add_request, abort_requests and call_utility (blocking) come from MPClient.
     def get_output(self) -> EngineCoreOutputs:
         raise RuntimeError("AsyncMPClient delivers outputs through `await get_output_async()`.")
 

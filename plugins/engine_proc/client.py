@@ -291,6 +291,18 @@ class MPClient(EngineCoreClient):
             raise
         return future
 
+    # ------------------------------------------------------------------ requests (blocking; also for AsyncMPClient)
+    def add_request(self, request: EngineCoreRequest) -> None:
+        self._send_input(EngineCoreRequestType.ADD, request)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        if request_ids and not self.resources.engine_dead and not self.resources.closed:
+            self._send_input(EngineCoreRequestType.ABORT, list(request_ids))
+
+    def call_utility(self, method: str, *args: Any) -> Any:
+        """Calls an allow-listed engine method in the engine process and waits for its result."""
+        return self._send_utility(method, args).result()
+
     # ------------------------------------------------------------------ shutdown
     def shutdown(self) -> None:
         """Stops the output thread and the engine process and removes sockets; idempotent."""
@@ -335,14 +347,3 @@ class SyncMPClient(MPClient):
                 raise EngineDeadError(suppress_context=True) from None
             raise outputs
         return outputs
-
-    def add_request(self, request: EngineCoreRequest) -> None:
-        self._send_input(EngineCoreRequestType.ADD, request)
-
-    def abort_requests(self, request_ids: list[str]) -> None:
-        if request_ids and not self.resources.engine_dead and not self.resources.closed:
-            self._send_input(EngineCoreRequestType.ABORT, list(request_ids))
-
-    def call_utility(self, method: str, *args: Any) -> Any:
-        """Calls an allow-listed engine method in the engine process and waits for its result."""
-        return self._send_utility(method, args).result()
