@@ -11,14 +11,13 @@ One event loop serves two backends:
 Each turn's prompt is the job's history (earlier prompts and the outputs the engine actually produced) plus the
 turn's new tokens, so prefix caching sees what it would see in an agent; output lengths are forced with
 ``max_tokens`` and ``ignore_eos``. Requests carry ``extra_args`` ``{job_id, is_last_step, this_func_call}``, what
-the Continuum scheduler reads. :func:`run_sweep` runs every (workload, load, scheduler) on the same KV budget;
-:func:`write_report` writes ``results.json``, ``results.csv`` and ``jct_vs_load.png``.
+the Continuum scheduler reads. Sweeps, results and the report (``run_sweep``, ``RunResult``, ``write_report``,
+...) live in :mod:`vllite.schedulers.agent_report`; they are re-exported here, so imports from this module still work.
 """
 
 from __future__ import annotations
 
 import heapq
-import logging
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -27,8 +26,6 @@ from typing import Any
 
 from vllite.sampling_params import SamplingParams
 from vllite.schedulers.traces import Job
-
-logger = logging.getLogger(__name__)
 
 #: (request id, new token ids, finished) for every request that progressed in a step.
 StepEvents = list[tuple[str, list[int], bool]]
@@ -40,17 +37,6 @@ def new_prompt_tokens(job_id: str, turn_index: int, count: int, vocab_size: int,
     return [rng.randrange(vocab_size) for _ in range(count)]
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (0-100) with linear interpolation; 0.0 for no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100.0
-    low = int(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
-
-
 class SchedulerTimer:
     """Time spent in a scheduler's ``schedule()`` and ``update_from_output()``, per engine step.
 
@@ -60,9 +46,7 @@ class SchedulerTimer:
     """
 
     def __init__(self, scheduler: Any) -> None:
-        self.steps = 0
-        self.seconds = 0.0
-        self.cpu_seconds = 0.0
+        self.reset()
         schedule, update = scheduler.schedule, scheduler.update_from_output
 
         def timed(method: Callable[..., Any], counts_step: bool) -> Callable[..., Any]:
@@ -79,6 +63,10 @@ class SchedulerTimer:
 
         scheduler.schedule = timed(schedule, True)
         scheduler.update_from_output = timed(update, False)
+
+    def reset(self) -> None:
+        """Forgets the steps and time measured so far."""
+        self.steps, self.seconds, self.cpu_seconds = 0, 0.0, 0.0
 
     @property
     def ms_per_step(self) -> float:
@@ -112,17 +100,21 @@ class SimBackend:
         self.timer = SchedulerTimer(self.scheduler)
 
     def now(self) -> float:
+        """The virtual time, in seconds."""
         return self.clock()
 
     def submit(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
+        """Adds a request to the engine core, stamped with the virtual arrival time."""
         from vllite.protocol import EngineCoreRequest
 
         self.core.add_request(EngineCoreRequest(request_id, prompt, params, None, self.clock()))
 
     def has_work(self) -> bool:
+        """Whether the scheduler holds any request (waiting or running)."""
         return self.scheduler.has_requests()
 
     def step(self) -> tuple[StepEvents, bool]:
+        """One engine step: the request events and whether a batch was executed."""
         outputs, executed = self.core.step()
         events: StepEvents = []
         for batch in outputs.values():
@@ -130,12 +122,15 @@ class SimBackend:
         return events, executed
 
     def wait_until(self, when: float) -> None:
+        """Jumps the virtual clock to ``when`` (the next arrival or tool completion)."""
         self.clock.advance_to(when)
 
     def idle_tick(self) -> None:
+        """Advances the clock by one fixed step cost (at least 1 ms) when the engine did nothing."""
         self.clock.advance(max(1e-3, self.executor.cost_model.fixed_s))
 
     def shutdown(self) -> None:
+        """Shuts the engine core down."""
         self.core.shutdown()
 
 
@@ -181,79 +176,40 @@ class RealBackend:
         self.profile.clear()
         stats = self.scheduler.kv_cache_manager.prefix_cache_stats
         self.hit_baseline = (stats.queries, stats.hits)
-        self.timer.steps, self.timer.seconds, self.timer.cpu_seconds = 0, 0.0, 0.0
+        self.timer.reset()
 
     def now(self) -> float:
+        """Wall time since the backend was ready, in seconds."""
         return time.monotonic() - self._t0
 
     def submit(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
+        """Adds a request to the engine."""
         self.engine.add_request(request_id, prompt, params)
 
     def has_work(self) -> bool:
+        """Whether the engine has unfinished requests."""
         return self.engine.has_unfinished_requests()
 
     def step(self) -> tuple[StepEvents, bool]:
+        """One engine step: the request events (cumulative token ids) and ``True``."""
         events: StepEvents = []
         for out in self.engine.step():
             events.append((out.request_id, list(out.outputs[0].token_ids), out.finished))
         return events, True
 
     def wait_until(self, when: float) -> None:
+        """Sleeps until ``when`` (wall time since the start)."""
         delay = when - self.now()
         if delay > 0:
             time.sleep(delay)
 
     def idle_tick(self) -> None:
+        """Sleeps 1 ms when the engine did nothing."""
         time.sleep(1e-3)
 
     def shutdown(self) -> None:
+        """Shuts the engine down."""
         self.engine.shutdown()
-
-
-# ---------------------------------------------------------------------------------------------- replay
-@dataclass
-class RunResult:
-    """One replay: per-job completion times and the engine's figures."""
-
-    scheduler: str
-    workload: str
-    jobs_per_s: float
-    jct_s: list[float] = field(default_factory=list)
-    makespan_s: float = 0.0
-    num_jobs: int = 0
-    num_requests: int = 0
-    prefix_hit_rate: float = 0.0
-    preemptions: int = 0
-    steps: int = 0
-    sched_ms_per_step: float = 0.0
-    sched_cpu_ms_per_step: float = 0.0
-    wall_s: float = 0.0
-    num_gpu_blocks: int = 0
-    profile: list[dict[str, float]] = field(default_factory=list)  # real engine: measured step times
-
-    def summary(self) -> dict[str, Any]:
-        """The report row: average / P50 / P90 / P95 JCT, throughput, cache and scheduler figures."""
-        jct = self.jct_s
-        return {
-            "workload": self.workload,
-            "scheduler": self.scheduler,
-            "jps": self.jobs_per_s,
-            "jobs": self.num_jobs,
-            "completed": len(jct),
-            "avg_jct_s": sum(jct) / len(jct) if jct else 0.0,
-            "p50_jct_s": percentile(jct, 50),
-            "p90_jct_s": percentile(jct, 90),
-            "p95_jct_s": percentile(jct, 95),
-            "makespan_s": self.makespan_s,
-            "throughput_jobs_per_s": len(jct) / self.makespan_s if self.makespan_s > 0 else 0.0,
-            "prefix_hit_rate": self.prefix_hit_rate,
-            "preemptions": self.preemptions,
-            "steps": self.steps,
-            "sched_ms_per_step": self.sched_ms_per_step,
-            "sched_cpu_ms_per_step": self.sched_cpu_ms_per_step,
-            "num_gpu_blocks": self.num_gpu_blocks,
-            "wall_s": self.wall_s,
-        }
 
 
 @dataclass
@@ -355,252 +311,20 @@ def replay(
     return jct, makespan
 
 
-def run_one(
-    jobs: Sequence[Job],
-    arrivals: Sequence[float],
-    backend: SimBackend | RealBackend,
-    *,
-    scheduler: str,
-    workload: str,
-    jobs_per_s: float,
-    tool_time_scale: float = 1.0,
-    seed: int = 0,
-) -> RunResult:
-    """Replays and collects a :class:`RunResult`; shuts the backend down."""
-    wall = time.perf_counter()
-    try:
-        jct, makespan = replay(jobs, arrivals, backend, tool_time_scale=tool_time_scale, seed=seed)
-        sched = backend.scheduler
-        stats = sched.kv_cache_manager.prefix_cache_stats
-        queries, hits = stats.queries - backend.hit_baseline[0], stats.hits - backend.hit_baseline[1]
-        return RunResult(
-            scheduler=scheduler,
-            workload=workload,
-            jobs_per_s=jobs_per_s,
-            jct_s=jct,
-            makespan_s=makespan,
-            num_jobs=len(jobs),
-            num_requests=sum(len(j.turns) for j in jobs),
-            prefix_hit_rate=hits / queries if queries else 0.0,
-            preemptions=sched.num_preemptions_total,
-            steps=backend.timer.steps,
-            sched_ms_per_step=backend.timer.ms_per_step,
-            sched_cpu_ms_per_step=backend.timer.cpu_ms_per_step,
-            wall_s=time.perf_counter() - wall,
-            num_gpu_blocks=backend.num_gpu_blocks,
-        )
-    finally:
-        backend.shutdown()
-
-
-# ---------------------------------------------------------------------------------------------- sweeps
-@dataclass
-class BenchSettings:
-    """One benchmark: the engine shape and KV budget every scheduler gets, and how to replay."""
-
-    engine: str = "sim"  # "sim" (virtual time) or "real" (a model, wall time)
-    model: str | None = None  # real engine: model folder (default: the demo model)
-    num_gpu_blocks: int | None = None  # KV budget in blocks; None = kv_cache_gib (sim) / measured (real)
-    kv_cache_gib: float | None = None  # sim: simulated KV memory
-    block_size: int = 16
-    max_num_seqs: int = 128
-    max_num_batched_tokens: int = 2048
-    max_model_len: int | None = None  # default: fits the trace (at least 32768 on the sim)
-    cost: dict[str, float] = field(default_factory=dict)  # sim: CostModel fields
-    cost_profile: str | None = None  # sim: JSON-lines step profile to fit the cost model to
-    tool_call_estimator: str | None = None
-    tool_time_scale: float = 1.0
-    seed: int = 0
-
-
-def make_sim_config(settings: BenchSettings, scheduler: str, max_context: int) -> Any:
-    """The ``EngineConfig`` of one simulated run (fresh virtual clock, same KV budget for every scheduler)."""
-    from vllite.config import EngineArgs
-    from vllite.schedulers.sim_executor import DEFAULT_MAX_MODEL_LEN
-
-    args = EngineArgs(
-        model="sim",
-        skip_tokenizer_init=True,
-        device="sim",
-        executor="sim",
-        block_size=settings.block_size,
-        num_gpu_blocks_override=settings.num_gpu_blocks,
-        max_num_seqs=settings.max_num_seqs,
-        max_num_batched_tokens=settings.max_num_batched_tokens,
-        max_model_len=settings.max_model_len or max(DEFAULT_MAX_MODEL_LEN, max_context),
-        scheduler_cls=scheduler,
-        prefix_caching_hash_algo="fast",
-        seed=settings.seed,
-    )
-    if settings.tool_call_estimator:
-        args.tool_call_estimator = settings.tool_call_estimator
-    sim: dict[str, Any] = {"cost": dict(settings.cost), "seed": settings.seed}
-    if settings.kv_cache_gib is not None:
-        sim["kv_cache_gib"] = settings.kv_cache_gib
-    if settings.cost_profile:
-        sim["profile"] = settings.cost_profile
-    args.plugin_config = {"sim": sim}
-    return args.create_engine_config()
-
-
-def make_real_args(settings: BenchSettings, scheduler: str, max_context: int) -> Any:
-    """The ``EngineArgs`` of one real-engine run."""
-    from vllite.config import EngineArgs
-
-    args = EngineArgs(
-        model=settings.model,
-        block_size=settings.block_size,
-        num_gpu_blocks_override=settings.num_gpu_blocks,
-        max_num_seqs=settings.max_num_seqs,
-        max_num_batched_tokens=settings.max_num_batched_tokens,
-        max_model_len=settings.max_model_len or max_context,
-        scheduler_cls=scheduler,
-        seed=settings.seed,
-    )
-    if settings.tool_call_estimator:
-        args.tool_call_estimator = settings.tool_call_estimator
-    return args
-
-
-def run_sweep(
-    workloads: dict[str, Sequence[Job]],
-    loads: Sequence[float],
-    schedulers: Sequence[str],
-    settings: BenchSettings,
-    *,
-    log: Callable[[str], None] = print,
-) -> list[RunResult]:
-    """Every (workload, load, scheduler), with the same jobs and Poisson arrivals for every scheduler."""
-    from vllite.schedulers.traces import poisson_arrivals
-
-    results: list[RunResult] = []
-    for workload, jobs in workloads.items():
-        max_context = max(j.max_context for j in jobs)
-        for jps in loads:
-            drawn = poisson_arrivals(len(jobs), jps, seed=settings.seed)
-            arrivals = [j.arrival_s if j.arrival_s is not None else t for j, t in zip(jobs, drawn)]
-            for scheduler in schedulers:
-                if settings.engine == "sim":
-                    backend: SimBackend | RealBackend = SimBackend(make_sim_config(settings, scheduler, max_context))
-                elif settings.engine == "real":
-                    backend = RealBackend(make_real_args(settings, scheduler, max_context))
-                else:
-                    raise ValueError(f"engine must be 'sim' or 'real', got {settings.engine!r}.")
-                profile = getattr(backend, "profile", None)
-                result = run_one(
-                    jobs,
-                    arrivals,
-                    backend,
-                    scheduler=scheduler,
-                    workload=workload,
-                    jobs_per_s=jps,
-                    tool_time_scale=settings.tool_time_scale,
-                    seed=settings.seed,
-                )
-                result.profile = list(profile or [])
-                results.append(result)
-                row = result.summary()
-                log(
-                    f"{workload:>6} jps={jps:<7g} {scheduler:>10}: avg JCT {row['avg_jct_s']:9.2f} s  "
-                    f"p90 {row['p90_jct_s']:9.2f}  p95 {row['p95_jct_s']:9.2f}  hit {row['prefix_hit_rate']:.3f}  "
-                    f"preempt {row['preemptions']:6d}  sched {row['sched_ms_per_step']:.3f} ms/step "
-                    f"({row['sched_cpu_ms_per_step']:.3f} CPU)  "
-                    f"({row['wall_s']:.1f} s wall)"
-                )
-    return results
-
-
-# ---------------------------------------------------------------------------------------------- report
-REPORT_FIELDS = (
-    "workload", "scheduler", "jps", "jobs", "completed", "avg_jct_s", "p50_jct_s", "p90_jct_s", "p95_jct_s",
-    "makespan_s", "throughput_jobs_per_s", "prefix_hit_rate", "preemptions", "steps", "sched_ms_per_step",
-    "sched_cpu_ms_per_step", "num_gpu_blocks", "wall_s",
+# ---------------------------------------------------------------------------------------------- re-exports
+#: Public names that live in :mod:`vllite.schedulers.agent_report` (which imports this module), loaded on first use.
+_REPORT_NAMES = (
+    "percentile", "RunResult", "run_one", "BenchSettings", "make_sim_config", "make_real_args", "run_sweep",
+    "REPORT_FIELDS", "speedups", "write_report", "plot_jct",
 )  # fmt: skip
 
 
-def speedups(rows: Sequence[dict[str, Any]], baseline: str = "fcfs") -> list[dict[str, Any]]:
-    """Per (workload, load, scheduler != baseline): baseline avg JCT / scheduler avg JCT, and sched-time ratio."""
-    base = {(r["workload"], r["jps"]): r for r in rows if r["scheduler"] == baseline}
-    out = []
-    for r in rows:
-        b = base.get((r["workload"], r["jps"]))
-        if r["scheduler"] == baseline or b is None or not r["avg_jct_s"]:
-            continue
-        out.append({
-            "workload": r["workload"], "jps": r["jps"], "scheduler": r["scheduler"],
-            "jct_speedup": b["avg_jct_s"] / r["avg_jct_s"],
-            "sched_time_ratio": r["sched_ms_per_step"] / b["sched_ms_per_step"] if b["sched_ms_per_step"] else 0.0,
-            "sched_cpu_ratio": (
-                r["sched_cpu_ms_per_step"] / b["sched_cpu_ms_per_step"] if b["sched_cpu_ms_per_step"] else 0.0
-            ),
-        })  # fmt: skip
-    return out
+def __getattr__(name: str) -> Any:
+    """Re-exports the sweep and report names from :mod:`vllite.schedulers.agent_report`."""
+    if name not in _REPORT_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from vllite.schedulers import agent_report
 
-
-def write_report(
-    results: Sequence[RunResult], out_dir: str, *, settings: BenchSettings | None = None, plot: bool = True
-) -> dict[str, str]:
-    """Writes ``results.json`` (rows, speedups, settings), ``results.csv`` and, if ``plot``, ``jct_vs_load.png``.
-
-    Returns the paths written. Without matplotlib the plot is skipped with a warning (install ``vllite[bench]``).
-    """
-    import csv
-    import dataclasses
-    import json
-    from pathlib import Path
-
-    directory = Path(out_dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    rows = [r.summary() for r in results]
-    paths: dict[str, str] = {}
-    payload = {
-        "rows": rows,
-        "speedups": speedups(rows),
-        "settings": dataclasses.asdict(settings) if settings else None,
-    }
-    (directory / "results.json").write_text(json.dumps(payload, indent=2), encoding="utf-8")
-    paths["json"] = str(directory / "results.json")
-    with (directory / "results.csv").open("w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=REPORT_FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
-    paths["csv"] = str(directory / "results.csv")
-    profiles = [p for r in results for p in r.profile]
-    if profiles:
-        lines = "".join(json.dumps(p) + "\n" for p in profiles if p["num_tokens"] > 0)
-        (directory / "step_profile.jsonl").write_text(lines, encoding="utf-8")
-        paths["profile"] = str(directory / "step_profile.jsonl")
-    if plot:
-        png = plot_jct(rows, directory / "jct_vs_load.png")
-        if png:
-            paths["plot"] = png
-    return paths
-
-
-def plot_jct(rows: Sequence[dict[str, Any]], path: Any) -> str | None:
-    """Average JCT against load, one line per scheduler, one panel per workload; None without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        logger.warning("matplotlib is not installed: no plot (pip install 'vllite[bench]' or matplotlib).")
-        return None
-    workloads = sorted({r["workload"] for r in rows})
-    fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 4), squeeze=False)
-    for ax, workload in zip(axes[0], workloads):
-        for scheduler in sorted({r["scheduler"] for r in rows if r["workload"] == workload}):
-            points = sorted(
-                (r["jps"], r["avg_jct_s"]) for r in rows if (r["workload"], r["scheduler"]) == (workload, scheduler)
-            )
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=scheduler)
-        ax.set_title(workload)
-        ax.set_xlabel("load (jobs/s)")
-        ax.set_ylabel("average job completion time (s)")
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return str(path)
+    value = getattr(agent_report, name)
+    globals()[name] = value
+    return value

@@ -60,7 +60,7 @@ class AgentBench:
         add("--no-plot", action="store_true", help="Skip the PNG plot.")
 
     def run(self, args: argparse.Namespace) -> int:
-        from vllite.schedulers.agent_bench import BenchSettings, run_sweep, speedups, write_report
+        from vllite.schedulers.agent_report import BenchSettings, run_sweep, speedups, write_report
         from vllite.schedulers.traces import generate_trace, read_trace, trace_stats, write_trace
 
         if args.trace:

@@ -8,15 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from vllite.schedulers.agent_bench import (
+from vllite.schedulers.agent_bench import SimBackend, replay, turn_params
+from vllite.schedulers.agent_report import (
     BenchSettings,
-    SimBackend,
     make_sim_config,
     percentile,
-    replay,
     run_sweep,
     speedups,
-    turn_params,
     write_report,
 )
 from vllite.schedulers.traces import (
@@ -181,3 +179,12 @@ def test_real_engine_replay_of_a_tiny_trace(tmp_path):
     assert "profile" in paths  # measured step times, to fit the simulator's cost model
     lines = Path(paths["profile"]).read_text().splitlines()
     assert lines and all(json.loads(line)["seconds"] > 0 for line in lines)
+
+
+def test_agent_bench_re_exports_the_report_names():
+    from vllite.schedulers import agent_bench, agent_report
+
+    for name in agent_bench._REPORT_NAMES:
+        assert getattr(agent_bench, name) is getattr(agent_report, name)
+    with pytest.raises(AttributeError):
+        agent_bench.no_such_name  # noqa: B018
