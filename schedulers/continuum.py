@@ -18,6 +18,10 @@ Decisions (paper §4, with the released fork's bugs fixed; see docs/scheduler-po
 - At the top of each step, expired pins (``now >= expiry``) whose job has no request waiting are released.
 - When the head of the waiting queue cannot get blocks, pins are released one by one, latest-arriving job first
   (the head's own job last), until it fits or no pin is left.
+- When a running request cannot get blocks, pins are released the same way (its own job last) before any running
+  request is preempted: a pin is idle memory, a preemption throws away computed work. ``policy_args
+  release_pins_before_preemption=False`` preempts at once, keeping the pins (as the released code does whenever
+  more than one request runs).
 - Preemption victims: requests of unpinned jobs before pinned ones, then the latest-arriving job, then the latest
   admitted. The base algorithm refunds a victim already scheduled this step (the released fork does not).
 - Tool names: ``this_func_call`` from the client wins; otherwise the turn's output is detokenized and parsed if
@@ -74,9 +78,10 @@ class ContinuumScheduler(Scheduler):
 
     Promises: pinned blocks are released by TTL expiry (once the job has nothing waiting), by a newer pin of the
     same job, by the job's next turn being admitted (default), by the job's last step, when the waiting head
-    cannot fit (latest job first), or by ``reset_prefix_cache`` / ``shutdown``; so the scheduler never deadlocks on
-    pins and, once no pin is live, holds no block for a finished request. Per-job state is bounded (``max_jobs``,
-    ``job_idle_timeout_s`` in ``policy_args``). ``clock`` (base argument) times pins and tool gaps.
+    cannot fit or a running request cannot grow (latest job first), or by ``reset_prefix_cache`` / ``shutdown``; so
+    the scheduler never deadlocks on pins and, once no pin is live, holds no block for a finished request. Per-job
+    state is bounded (``max_jobs``, ``job_idle_timeout_s`` in ``policy_args``). ``clock`` (base argument) times pins
+    and tool gaps.
 
     Extra keyword arguments: ``estimator`` (an object, else ``scheduler_config.tool_call_estimator`` is resolved),
     ``tool_parser`` (an object with ``parse``, else ``policy_args["tool_parser"]``, default ``auto``; ``None`` or
@@ -96,6 +101,7 @@ class ContinuumScheduler(Scheduler):
         super().__init__(config, num_blocks, **kwargs)
         args = dict(config.scheduler_config.policy_args)
         self.release_pin_on_admission = bool(args.get("release_pin_on_admission", True))
+        self.release_pins_before_preemption = bool(args.get("release_pins_before_preemption", True))
         self.max_jobs = int(args.get("max_jobs", 10_000))
         self.job_idle_timeout_s = float(args.get("job_idle_timeout_s", 3600.0))
         self.estimator = estimator if estimator is not None else _build_estimator(config)
@@ -121,7 +127,8 @@ class ContinuumScheduler(Scheduler):
         self._pin_seq = itertools.count()
         self._jobs: OrderedDict[str, JobState] = OrderedDict()
         self._next_aging = float("-inf")
-        self.pin_stats: Counter[str] = Counter()  # pinned, expired, replaced, admitted, last_step, deadlock, ...
+        # pinned, expired, replaced, admitted, last_step, deadlock, running_blocked, ...
+        self.pin_stats: Counter[str] = Counter()
 
     # ------------------------------------------------------------------ views
     @property
@@ -234,13 +241,15 @@ class ContinuumScheduler(Scheduler):
 
     def on_admission_blocked(self, request: Request) -> bool:
         """Releases the pin of the latest-arriving job (the head's own job last); False when nothing is pinned."""
-        if not self._pins:
+        return self._release_latest_pin(turn_info(request).job_id, "deadlock")
+
+    def on_running_allocation_failed(self, request: Request) -> bool:
+        """A running request needs blocks: releases the pin of the latest-arriving job (the request's own job
+        last) instead of preempting running work; False when nothing is pinned or ``policy_args
+        release_pins_before_preemption`` is off, and the base algorithm then preempts."""
+        if not self.release_pins_before_preemption:
             return False
-        head_job = turn_info(request).job_id
-        candidates = [pin for job, pin in self._pins.items() if job != head_job] or list(self._pins.values())
-        victim = max(candidates, key=lambda pin: (pin.job_arrival, pin.seq))
-        self._release_pin(victim.job_id, "deadlock")
-        return True
+        return self._release_latest_pin(turn_info(request).job_id, "running_blocked")
 
     # ------------------------------------------------------------------ engine-facing overrides
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
@@ -273,6 +282,16 @@ class ContinuumScheduler(Scheduler):
             self.pin_stats["replaced"] += 1
         else:
             self.waiting.set_job_pinned(job_id, True)  # type: ignore[attr-defined]
+
+    def _release_latest_pin(self, own_job: str | None, reason: str) -> bool:
+        """Releases the pin of the latest-arriving job other than ``own_job`` (``own_job``'s only if it is the last
+        pin); False when nothing is pinned."""
+        if not self._pins:
+            return False
+        candidates = [pin for job, pin in self._pins.items() if job != own_job] or list(self._pins.values())
+        victim = max(candidates, key=lambda pin: (pin.job_arrival, pin.seq))
+        self._release_pin(victim.job_id, reason)
+        return True
 
     def _release_pin(self, job_id: str, reason: str) -> None:
         pin = self._pins.pop(job_id)

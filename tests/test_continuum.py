@@ -298,6 +298,78 @@ def test_victim_prefers_requests_of_unpinned_jobs():
     assert s.select_preemption_victim(running, running[0]).request_id == "q"
 
 
+def _pin_jobs(s, ex, jobs: str) -> None:
+    """Runs one 10-token turn per job (3 blocks each, job arrival = its index) and leaves it pinned."""
+    for i, job in enumerate(jobs):
+        r = add(s, f"{job}1", toks(100 * (i + 1), 10), job=job, arrival=float(i))
+        run_until_done(s, ex, r)
+    assert set(s.pinned_jobs) == set(jobs)
+
+
+def test_running_request_that_needs_a_block_releases_the_latest_jobs_pin_instead_of_preempting():
+    s, _clock, _ = build(num_blocks=1 + 9 + 1, ttl=100.0)
+    ex = FakeExecutor()
+    _pin_jobs(s, ex, "AB")  # 6 blocks pinned, 4 free
+    x = add(s, "x", toks(500, 7), job="X", arrival=5.0, max_tokens=20)  # 2 blocks
+    y = add(s, "y", toks(700, 7), job="Y", arrival=6.0, max_tokens=20)  # 2 blocks
+    step(s, ex)
+    assert free_usable(s) == 0 and [r.request_id for r in s.running] == ["x", "y"]
+    step(s, ex)  # 8 computed each: both blocks full
+    so = s.schedule()  # x needs a third block: B's pin (latest job) goes, A's stays, nobody is preempted
+    assert so.preempted_req_ids == set() and s.num_preemptions_total == 0
+    assert so.num_scheduled_tokens == {"x": 1, "y": 1} and so.total_num_scheduled_tokens == 2
+    assert set(s.pinned_jobs) == {"A"} and s.pin_stats["running_blocked"] == 1
+    assert s.kv_cache_manager.get_block_ids("B1") == []
+    assert free_usable(s) == 3 - 2  # B's 3 blocks: one each for x and y
+    s.update_from_output(so, ex.execute(so))
+    for _ in range(100):  # later growth releases A's pin before anything is preempted
+        if x.is_finished() and y.is_finished():
+            break
+        so = step(s, ex)
+        assert not so.preempted_req_ids or s.pinned_jobs == {}
+    assert x.is_finished() and y.is_finished() and s.pin_stats["running_blocked"] == 2
+
+
+def test_running_request_releases_its_own_jobs_pin_last_then_preempts():
+    # release_pin_on_admission=False keeps X's pin while x (of job X, the latest job) runs: A's pin is released
+    # first although X arrived later; then X's own pin; with no pin left, the base algorithm preempts.
+    s, _clock, _ = build(num_blocks=1 + 8, ttl=100.0, policy_args={"release_pin_on_admission": False})
+    ex = FakeExecutor()
+    _pin_jobs(s, ex, "AX")  # X's job arrival is 1.0, A's 0.0; 6 blocks pinned, 2 free
+    x = add(s, "x", toks(500, 7), job="X", arrival=5.0, max_tokens=30)  # 2 blocks, no shared prefix
+    step(s, ex)
+    step(s, ex)
+    assert free_usable(s) == 0 and x.num_computed_tokens == 8
+    so = step(s, ex)  # x needs its 3rd block: A's pin goes, although X is the latest job
+    assert so.preempted_req_ids == set() and set(s.pinned_jobs) == {"X"}
+    while s.pinned_jobs:  # x fills A's 3 blocks (20 tokens in 5 blocks), then needs a 6th: X's own pin goes
+        so = step(s, ex)
+        assert so.preempted_req_ids == set() and x.num_computed_tokens <= 21
+    assert x.num_computed_tokens == 21 and s.pin_stats["running_blocked"] == 2
+    assert free_usable(s) == 2  # X's 3 blocks, one taken by x
+    for _ in range(20):  # no pin left: x outgrows all 8 blocks (32 tokens) and preempts itself (the old path)
+        if x.num_computed_tokens == 32:
+            break
+        so = step(s, ex)
+        assert so.preempted_req_ids == set()
+    so = step(s, ex)
+    assert so.preempted_req_ids == {"x"} and x.num_preemptions == 1 and x.num_computed_tokens == 0
+    assert s.pin_stats["running_blocked"] == 2
+
+
+def test_running_allocation_failure_preempts_and_keeps_pins_when_configured_off():
+    s, _clock, _ = build(num_blocks=1 + 9 + 1, ttl=100.0, policy_args={"release_pins_before_preemption": False})
+    ex = FakeExecutor()
+    _pin_jobs(s, ex, "AB")
+    add(s, "x", toks(500, 7), job="X", arrival=5.0, max_tokens=20)
+    add(s, "y", toks(700, 7), job="Y", arrival=6.0, max_tokens=20)
+    step(s, ex)
+    step(s, ex)
+    so = s.schedule()
+    assert so.preempted_req_ids == {"y"} and so.num_scheduled_tokens == {"x": 1}
+    assert set(s.pinned_jobs) == {"A", "B"} and s.pin_stats["running_blocked"] == 0
+
+
 # ---------------------------------------------------------------------- deadlock release
 def test_head_that_cannot_fit_releases_pins_latest_job_first_until_it_fits():
     s, _clock, _ = build(num_blocks=1 + 9, ttl=100.0)
@@ -326,17 +398,24 @@ def test_head_that_cannot_fit_without_pins_waits_without_crashing():
     run_until_done(s, ex, big, small, limit=100)
 
 
-def test_lone_running_request_that_cannot_grow_with_pins_recovers():
+@pytest.mark.parametrize("release_first", [True, False])
+def test_lone_running_request_that_cannot_grow_with_pins_recovers(release_first):
     # Regression (fork: IndexError / pin-only release when running <= 1): a lone running request needs a block,
-    # all others are pinned. It preempts itself; the next step releases pins and re-admits it.
-    s, _clock, _ = build(num_blocks=1 + 6, ttl=100.0)
+    # all others are pinned. Default: the pin is released and the request keeps running. Without
+    # release_pins_before_preemption it preempts itself; the next step releases pins and re-admits it.
+    s, _clock, _ = build(num_blocks=1 + 6, ttl=100.0, policy_args={"release_pins_before_preemption": release_first})
     ex = FakeExecutor()
     a = add(s, "a1", toks(100, 10), job="A")
     run_until_done(s, ex, a)  # 3 blocks pinned
     lone = add(s, "lone", toks(500, 11), job="L", arrival=1.0, max_tokens=10)  # 3 blocks, needs a 4th at 12+1
     run_until_done(s, ex, lone, limit=40)
     assert lone.status == RequestStatus.FINISHED_LENGTH_CAPPED
-    assert s.pin_stats["deadlock"] >= 1
+    if release_first:
+        assert lone.num_preemptions == 0 and s.num_preemptions_total == 0
+        assert s.pin_stats["running_blocked"] == 1 and s.pin_stats["deadlock"] == 0
+    else:
+        assert lone.num_preemptions == 1 and s.pin_stats["running_blocked"] == 0
+        assert s.pin_stats["deadlock"] >= 1
 
 
 def test_lone_running_request_without_pins_does_not_crash():

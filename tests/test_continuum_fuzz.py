@@ -62,13 +62,15 @@ def check(s: ContinuumScheduler, so, budget: int) -> None:
 
 @pytest.mark.parametrize("estimator", ["utility", "fixed"])
 @pytest.mark.parametrize("release_on_admission", [True, False])
-def test_fuzz_continuum(estimator: str, release_on_admission: bool) -> None:
+@pytest.mark.parametrize("release_before_preemption", [True, False])
+def test_fuzz_continuum(estimator: str, release_on_admission: bool, release_before_preemption: bool) -> None:
     rng = random.Random(7 if estimator == "utility" else 11)
     budget = 24
     num_blocks = 1 + 16
     config = make_config(max_num_batched_tokens=budget, max_num_seqs=5, max_model_len=MAX_MODEL_LEN, block_size=BS)
     config.scheduler_config.policy_args = {
         "release_pin_on_admission": release_on_admission,
+        "release_pins_before_preemption": release_before_preemption,
         "cold_start_k": 5,
         "prefill_profile": [0.5, 0.05, 0.0],  # reloads look expensive: pins are frequent
         "max_jobs": 50,
@@ -142,6 +144,7 @@ def test_fuzz_continuum(estimator: str, release_on_admission: bool) -> None:
     assert all(j.done for j in jobs), "jobs did not finish: a deadlock"
     seen.update(s.pin_stats)
     assert seen["pinned"] > 50 and seen["hits"] > 50 and seen["preempted"] > 0 and seen["deadlock"] > 0, seen
+    assert (seen["running_blocked"] > 0) == release_before_preemption, seen
     now[0] += 1000.0
     s.schedule()
     assert not s.requests and not s._pins

@@ -36,6 +36,59 @@ def prompt(start: int, n: int) -> list[int]:
     return list(range(start, start + n))
 
 
+# ---------------------------------------------------------------------- running allocation hook
+class KeepFinishedBlocks(Scheduler):
+    """Test policy: keeps the blocks of finished requests and releases one of them (oldest first) whenever a
+    running request cannot get blocks, before any preemption."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.kept: list = []
+        self.calls: list[str] = []
+
+    def on_request_finished(self, request) -> bool:
+        self.kept.append(request)
+        return False
+
+    def on_running_allocation_failed(self, request) -> bool:
+        self.calls.append(request.request_id)
+        if not self.kept:
+            return False
+        self.kv_cache_manager.free(self.kept.pop(0))
+        return True
+
+
+def test_default_running_allocation_hook_is_false_and_preemption_follows():
+    s = build(num_blocks=1 + 2, block_size=4)
+    a = add(s, "A", prompt(0, 4), max_tokens=10)
+    assert s.on_running_allocation_failed(a) is False
+    b = add(s, "B", prompt(100, 4), max_tokens=10)
+    ex = FakeExecutor()
+    run_steps(s, ex, 1)  # 1 block each: the cache is full
+    so = s.schedule()  # A needs a second block: FCFS preempts B (the last admitted)
+    assert so.preempted_req_ids == {"B"} and so.num_scheduled_tokens == {"A": 1}
+    assert b.status == RequestStatus.PREEMPTED
+
+
+def test_running_allocation_hook_frees_blocks_and_the_allocation_is_retried_without_preemption():
+    s = KeepFinishedBlocks(make_config(block_size=4), 1 + 3, step_observer=None)
+    ex = FakeExecutor()
+    done = add(s, "done", prompt(0, 3), max_tokens=1)
+    run_steps(s, ex, 1)
+    assert done.is_finished() and s.kv_cache_manager.num_free_blocks == 2  # its block is kept by the policy
+    a = add(s, "A", prompt(100, 4), max_tokens=10)
+    b = add(s, "B", prompt(200, 3), max_tokens=10)  # needs its second block one step after A
+    run_steps(s, ex, 1)
+    assert s.kv_cache_manager.num_free_blocks == 0
+    so = s.schedule()  # A needs a block: the hook frees the kept one; nobody is preempted
+    assert s.calls == ["A"] and so.preempted_req_ids == set()
+    assert so.num_scheduled_tokens == {"A": 1, "B": 1} and s.num_preemptions_total == 0
+    s.update_from_output(so, ex.execute(so))
+    so = s.schedule()  # B needs a block, nothing kept: the hook says False, the base algorithm preempts B
+    assert s.calls == ["A", "B"] and so.preempted_req_ids == {"B"} and so.num_scheduled_tokens == {"A": 1}
+    assert b.status == RequestStatus.PREEMPTED and a.status == RequestStatus.RUNNING
+
+
 # ---------------------------------------------------------------------- budgets and chunking
 def test_token_budget_trace_with_chunked_prefill():
     s = build(max_num_batched_tokens=16)

@@ -3,7 +3,8 @@
 There is no prefill phase and no decode phase: every request has ``num_computed_tokens`` and
 ``num_tokens_with_spec``, and each step closes as much of the gap as one shared token budget allows. Running
 requests are served first, in admission order; then waiting requests are admitted while budget, batch width
-and KV blocks last. When a running request cannot get KV blocks, a victim is preempted by recompute.
+and KV blocks last. When a running request cannot get KV blocks, the policy may first release blocks it holds
+outside the requests (``on_running_allocation_failed``); otherwise a victim is preempted by recompute.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ class Scheduler(OutputUpdateMixin, SchedulerInterface):
     - :meth:`on_request_admitted` — bookkeeping when a waiting request is admitted to running.
     - :meth:`on_admission_blocked` — the head of the waiting queue cannot get KV blocks: release blocks held
       outside the scheduler's requests (e.g. pins) and retry, or stop admitting for this step.
+    - :meth:`on_running_allocation_failed` — a running request cannot get KV blocks: release blocks held outside
+      the scheduler's requests (e.g. pins) and retry, or fall through to preempting a running request.
 
     Contract with the executor (``vllite.sched.output``): first-time requests and requests resumed after a
     preemption come as ``NewRequestData`` (resumed ones carry their output tokens; the workers dropped them on
@@ -156,6 +159,18 @@ class Scheduler(OutputUpdateMixin, SchedulerInterface):
         """
         return False
 
+    def on_running_allocation_failed(self, request: Request) -> bool:
+        """The running request ``request`` cannot get KV blocks for this step, before a victim is chosen.
+
+        Return True after releasing blocks held outside the scheduler's requests (e.g. one pinned request's
+        blocks): the algorithm then retries the allocation, and preempts nothing if it now succeeds. Return False
+        when there is nothing to release: a victim is then chosen by :meth:`select_preemption_victim`. Called
+        again before every further victim while the allocation keeps failing. Must not touch ``self.running``,
+        the waiting queue's requests, or any request the scheduler holds; each True must release something, or
+        the step never ends. Default: False (preempt at once).
+        """
+        return False
+
     # ------------------------------------------------------------------ requests in and out
     def add_request(self, request: Request) -> None:
         """Registers a request and queues it as WAITING; ``ValueError`` for a duplicate id, an empty prompt, or a
@@ -260,6 +275,8 @@ class Scheduler(OutputUpdateMixin, SchedulerInterface):
                 )
                 if new_blocks is not None:
                     break
+                if self.on_running_allocation_failed(request):
+                    continue  # the policy released blocks outside the scheduler's requests: retry
                 victim = self.select_preemption_victim(running, request)
                 victim_index = next(i for i, r in enumerate(running) if r is victim)
                 del running[victim_index]
