@@ -150,7 +150,12 @@ def test_clone_is_deep():
     c.stop.append("y")
     c.extra_args["a"].append(2)
     c.all_stop_token_ids.append(9)
+    c.logit_bias[2] = 3.0
     assert p.stop == ["x"] and p.extra_args == {"a": [1]} and p.all_stop_token_ids == []
+    assert p.logit_bias == {1: 1.0}
+    assert c == SamplingParams(
+        stop=["x", "y"], logit_bias={1: 1.0, 2: 3.0}, extra_args={"a": [1, 2]}, all_stop_token_ids=[9]
+    )
 
 
 def test_update_from_generation_config():
