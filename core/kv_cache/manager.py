@@ -177,11 +177,13 @@ class KVCacheManager:
         total_computed = min(request.num_computed_tokens + num_new_computed_tokens, self.max_model_len)
         num_tokens_need_slot = min(total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
 
-        # Before the capacity check, so blocks leaving a sliding window can make room.
-        self.manager.remove_skipped_blocks(request_id, total_computed)
+        # Blocks leaving a sliding window make room, but are only released once the allocation is sure to fit:
+        # a refused allocation changes nothing.
         num_to_allocate = self.manager.get_num_blocks_to_allocate(request_id, num_tokens_need_slot, hit_blocks)
-        if num_to_allocate > self.block_pool.get_num_free_blocks():
+        num_freed = self.manager.num_freed_by_skipping(request_id, total_computed)
+        if num_to_allocate > self.block_pool.get_num_free_blocks() + num_freed:
             return None
+        self.manager.remove_skipped_blocks(request_id, total_computed)
 
         if hit_blocks:
             # Touch before allocating, or the free-queue head could hand out (and evict) a hit.

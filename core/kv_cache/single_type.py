@@ -51,6 +51,10 @@ class FullAttentionManager:
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         """Releases blocks no future token attends to; full attention needs them all."""
 
+    def num_freed_by_skipping(self, request_id: str, num_computed_tokens: int) -> int:
+        """How many blocks ``remove_skipped_blocks`` would return to the free queue (it changes nothing)."""
+        return 0
+
     def get_num_blocks_to_allocate(
         self, request_id: str, num_tokens: int, new_computed_blocks: Sequence[KVCacheBlock]
     ) -> int:
@@ -150,24 +154,37 @@ class SlidingWindowManager(FullAttentionManager):
         del hits[run:]
         return hits
 
+    def _skipped_indices(self, request_id: str, num_computed_tokens: int) -> list[int]:
+        """Indices (newest first) of the request's blocks wholly before ``num_computed_tokens - window + 1``
+        that still hold a real block."""
+        num_skipped_tokens = num_computed_tokens - self.sliding_window + 1
+        blocks = self.req_to_blocks.get(request_id)
+        if num_skipped_tokens <= 0 or not blocks:
+            return []
+        indices = []
+        for i in range(min(num_skipped_tokens // self.block_size, len(blocks)) - 1, -1, -1):
+            if blocks[i].is_null:
+                break  # everything before is already released
+            indices.append(i)
+        return indices
+
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         """Swaps blocks wholly before ``num_computed_tokens - sliding_window + 1`` for the null block and
         releases them newest first, so the start of the hash chain is evicted last.
         """
-        num_skipped_tokens = num_computed_tokens - self.sliding_window + 1
-        if num_skipped_tokens <= 0:
+        indices = self._skipped_indices(request_id, num_computed_tokens)
+        if not indices:
             return
-        blocks = self.req_to_blocks.get(request_id)
-        if not blocks:
-            return
-        null_block = self.block_pool.null_block
-        removed: list[KVCacheBlock] = []
-        for i in range(min(num_skipped_tokens // self.block_size, len(blocks)) - 1, -1, -1):
-            if blocks[i].is_null:
-                break  # everything before is already released
-            removed.append(blocks[i])
-            blocks[i] = null_block
+        blocks = self.req_to_blocks[request_id]
+        removed = [blocks[i] for i in indices]
+        for i in indices:
+            blocks[i] = self.block_pool.null_block
         self.block_pool.free_blocks(removed)
+
+    def num_freed_by_skipping(self, request_id: str, num_computed_tokens: int) -> int:
+        """Blocks that leaving the window would return to the free queue: those this request alone holds."""
+        blocks = self.req_to_blocks.get(request_id, [])
+        return sum(1 for i in self._skipped_indices(request_id, num_computed_tokens) if blocks[i].ref_cnt == 1)
 
     def get_num_common_prefix_blocks(self, request_id: str, num_running_requests: int) -> int:
         """Cascade attention over a shared prefix does not apply to a sliding window."""
