@@ -15,7 +15,7 @@ out). The script
 
 Runs are deterministic for a given seed, thread count, Python version (the corpus) and library versions. Usage::
 
-    python scripts/train_demo_model.py --out core/demo_model --steps 900 --threads 1 --seed 0
+    python scripts/train_demo_model.py --out core/demo_model --steps 2400 --threads 2 --seed 0
 
 ``--tokenizer-only`` stops after step 1 (seconds), which is enough for tests that need a tokenizer.
 """
@@ -326,7 +326,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stdlib", type=Path, default=None, help="corpus root (default: this Python's stdlib)")
     p.add_argument("--max-corpus-bytes", type=int, default=None, help="cap on corpus size (sorted prefix)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (keep it at 1 or 2)")
+    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads (keep it at 1 or 2)")
     p.add_argument("--vocab-size", type=int, default=4096)
     p.add_argument("--hidden-size", type=int, default=192)
     p.add_argument("--intermediate-size", type=int, default=512)
@@ -336,7 +336,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-position-embeddings", type=int, default=1024)
     p.add_argument("--seq-len", type=int, default=256, help="training window length in tokens")
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--steps", type=int, default=900)
+    p.add_argument("--steps", type=int, default=2400)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--min-lr-ratio", type=float, default=0.1)
     p.add_argument("--warmup-steps", type=int, default=30)
