@@ -14,9 +14,30 @@ to its query length.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 __all__ = ["paged_attention_ref", "reshape_and_cache_ref"]
+
+# Per-thread gather buffers, reused across layers and steps: a fresh multi-megabyte tensor per gather costs
+# page faults that take longer than the copy itself.
+_scratch = threading.local()
+
+
+def _gather_blocks(cache: torch.Tensor, blocks: torch.Tensor, slot: int) -> torch.Tensor:
+    """``cache[blocks]`` written into a reused per-thread buffer; valid until the next gather of ``slot``."""
+    buffers: dict = _scratch.__dict__.setdefault("buffers", {})
+    key = (slot, cache.dtype, cache.device)
+    row = cache[0].numel()
+    numel = blocks.numel() * row
+    buf = buffers.get(key)
+    if buf is None or buf.numel() < numel:
+        buf = buffers[key] = torch.empty(
+            max(numel, 2 * (buf.numel() if buf is not None else 0)), dtype=cache.dtype, device=cache.device
+        )
+    out = buf[:numel].view(blocks.numel(), *cache.shape[1:])
+    return torch.index_select(cache, 0, blocks, out=out)
 
 
 def reshape_and_cache_ref(
@@ -156,8 +177,8 @@ def _attend_group(
     num_ctx_blocks = min(-(-max_seq_len // block_size), block_tables.shape[1])
     blocks = block_tables[:, :num_ctx_blocks].clamp(0, num_blocks - 1).reshape(-1)  # unused entries: any id
     ctx_len = num_ctx_blocks * block_size
-    keys = key_cache.index_select(0, blocks).view(num_seqs, ctx_len, num_kv_heads, head_dim).float()
-    values = value_cache.index_select(0, blocks).view(num_seqs, ctx_len, num_kv_heads, head_dim).float()
+    keys = _gather_blocks(key_cache, blocks, 0).view(num_seqs, ctx_len, num_kv_heads, head_dim).float()
+    values = _gather_blocks(value_cache, blocks, 1).view(num_seqs, ctx_len, num_kv_heads, head_dim).float()
 
     # Scatter the packed queries into [S, Mq, H, D].
     seq_of_token = torch.repeat_interleave(torch.arange(num_seqs, device=device), query_lens)
