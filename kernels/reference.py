@@ -33,9 +33,10 @@ def _gather_blocks(cache: torch.Tensor, blocks: torch.Tensor, slot: int) -> torc
     numel = blocks.numel() * row
     buf = buffers.get(key)
     if buf is None or buf.numel() < numel:
-        buf = buffers[key] = torch.empty(
-            max(numel, 2 * (buf.numel() if buf is not None else 0)), dtype=cache.dtype, device=cache.device
-        )
+        # A normal tensor even when first needed under inference_mode, so it can be written outside it too.
+        with torch.inference_mode(False):
+            size = max(numel, 2 * buf.numel() if buf is not None else 0)
+            buf = buffers[key] = torch.empty(size, dtype=cache.dtype, device=cache.device)
     out = buf[:numel].view(blocks.numel(), *cache.shape[1:])
     return torch.index_select(cache, 0, blocks, out=out)
 

@@ -342,3 +342,23 @@ def test_reshape_and_cache_triton_cuda_matches_ref(dtype: torch.dtype) -> None:
     reshape_and_cache_ref(key, value, ref_k, ref_v, slots)
     reshape_and_cache_triton(key, value, key_cache, value_cache, slots)
     assert torch.equal(key_cache, ref_k) and torch.equal(value_cache, ref_v)
+
+
+def test_reference_works_in_and_out_of_inference_mode():
+    """The reference reuses gather buffers across calls; they must not become inference-only tensors."""
+    torch.manual_seed(0)
+    key_cache = torch.randn(8, 4, 2, 8)
+    value_cache = torch.randn(8, 4, 2, 8)
+    query = torch.randn(3, 4, 8)
+    args = (
+        key_cache,
+        value_cache,
+        torch.tensor([[1, 2], [3, 4], [5, 6]], dtype=torch.int32),
+        torch.tensor([5, 3, 7], dtype=torch.int32),
+        torch.tensor([0, 1, 2, 3], dtype=torch.int32),
+    )
+    kwargs = {"max_query_len": 1, "max_seq_len": 7, "scale": 0.35}
+    with torch.inference_mode():
+        inside = paged_attention_ref(query, *args, **kwargs)
+    outside = paged_attention_ref(query, *args, **kwargs)
+    torch.testing.assert_close(inside.clone(), outside)
