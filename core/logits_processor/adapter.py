@@ -39,7 +39,6 @@ class AdapterLogitsProcessor(LogitsProcessor):
     @abstractmethod
     def new_req_logits_processor(self, params: SamplingParams) -> RequestLogitsProcessor | None:
         """The callable for a request with these parameters, or ``None`` if the request does not use it."""
-        raise NotImplementedError
 
     def _new_state(
         self, params: SamplingParams, prompt_ids: list[int] | None, output_ids: list[int]

@@ -80,19 +80,16 @@ class LogitsProcessor(ABC):
 
     @abstractmethod
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
-        raise NotImplementedError
+        """Build the processor's state for ``vllm_config`` on ``device`` (``is_pin_memory``: pin host buffers)."""
 
     @abstractmethod
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """Process ``logits`` ``[batch_size, vocab_size]``; may work in place, must return the tensor."""
-        raise NotImplementedError
 
     @abstractmethod
     def is_argmax_invariant(self) -> bool:
         """True if this processor can never change the greedy (argmax) choice of any row."""
-        raise NotImplementedError
 
     @abstractmethod
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         """Follow the batch (``None``: no membership change this step); called before every forward pass."""
-        raise NotImplementedError

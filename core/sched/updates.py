@@ -37,12 +37,8 @@ class OutputUpdateMixin:
     _pause_state: PauseState
     _num_preemptions_since_stats: int
     _preempted_between_steps: set[str]
-
-    def _free_request(self, request: Request) -> None:
-        raise NotImplementedError
-
-    def _preempt_request(self, request: Request, timestamp: float) -> None:
-        raise NotImplementedError
+    _free_request: Callable[[Request], None]
+    _preempt_request: Callable[[Request, float], None]
 
     # ------------------------------------------------------------------ outputs
     def update_from_output(

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import weakref
+from abc import abstractmethod
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -240,9 +241,9 @@ class MPClient(EngineCoreClient):
         res.output_thread.start()
         started.wait(timeout=10)
 
+    @abstractmethod
     def _make_output_sink(self) -> Callable[[EngineCoreOutputs | BaseException], None]:
         """What the output thread calls with each batch of outputs, or with the terminal exception."""
-        raise NotImplementedError
 
     # ------------------------------------------------------------------ sending
     @property
