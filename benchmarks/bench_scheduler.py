@@ -17,6 +17,7 @@ import time
 from vllite.sched import Scheduler
 from vllite.sched.output import ModelRunnerOutput
 from vllite.sched.testing import make_config, make_request
+from vllite.schedulers.continuum import ContinuumScheduler
 from vllite.schedulers.fcfs import FCFSScheduler
 from vllite.schedulers.priority import PriorityScheduler
 
@@ -81,9 +82,10 @@ def main() -> None:
         f"{'scheduler':<10} {'stats':<5} {'cache':<5} {'N':>5} {'schedule':>10} {'update':>10} {'total':>10} "
         f"{'per req':>8}  (median µs per step)"
     )
-    for cls, name in ((FCFSScheduler, "fcfs"), (PriorityScheduler, "priority")):
+    policies = ((FCFSScheduler, "fcfs"), (PriorityScheduler, "priority"), (ContinuumScheduler, "continuum"))
+    for cls, name in policies:
         for log_stats, caching in ((False, True), (True, True), (False, False)):
-            if name == "priority" and (log_stats or not caching):
+            if name != "fcfs" and (log_stats or not caching):
                 continue
             for n in args.sizes:
                 runs = [bench(cls, n, args.steps, log_stats=log_stats, caching=caching) for _ in range(args.repeat)]
