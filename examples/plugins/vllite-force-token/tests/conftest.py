@@ -1,4 +1,7 @@
-"""Lets the tests import the package from the source tree when it is not pip-installed (discovery is then skipped)."""
+"""Lets the tests import the package from the source tree when it is not pip-installed.
+
+Discovery is then tested through a throwaway dist-info (see ``test_force_token.py``).
+"""
 
 from __future__ import annotations
 

@@ -48,10 +48,37 @@ def test_validate_params_rejects(bad):
         ForceTokenLogitsProcessor.validate_params(params(bad))
 
 
-def test_discovered_by_vllite_without_configuration(monkeypatch):
+def _declare_entry_point_if_not_installed(tmp_path, monkeypatch) -> None:
+    """Without ``pip install``, put a dist-info built from this package's own pyproject.toml on ``sys.path``.
+
+    Either way vllite finds the processor the way it finds an installed one: through the entry-point group.
+    (Reading pyproject.toml needs Python 3.11's tomllib; on 3.10, pip-install the plugin first.)
+    """
+    if any(ep.name == "force_token" for ep in metadata.entry_points(group="vllm.logits_processors")):
+        return
+    import importlib
+    from pathlib import Path
+
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    dist_info = tmp_path / f"{project['name'].replace('-', '_')}-{project['version']}.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n"
+    )
+    lines = []
+    for group, eps in project["entry-points"].items():
+        lines.append(f"[{group}]")
+        lines.extend(f"{name} = {value}" for name, value in eps.items())
+    (dist_info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+
+
+def test_discovered_by_vllite_without_configuration(tmp_path, monkeypatch):
+    _declare_entry_point_if_not_installed(tmp_path, monkeypatch)
     eps = {ep.name: ep for ep in metadata.entry_points(group="vllm.logits_processors")}
-    if "force_token" not in eps:
-        pytest.skip("vllite-force-token is not pip-installed")
     assert eps["force_token"].load() is ForceTokenLogitsProcessor
     monkeypatch.delenv("VLLITE_PLUGINS", raising=False)
     monkeypatch.delenv("VLLITE_DISABLE_PLUGIN_AUTOLOAD", raising=False)
