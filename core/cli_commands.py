@@ -10,7 +10,10 @@ from vllite.hookspecs import hookimpl
 
 
 class PluginsCommand:
-    """``vllite plugins``: every loaded plugin, its distribution, the hooks it implements and what it registers."""
+    """``vllite plugins``: every loaded plugin, its distribution and entry-point group, the hooks it implements and
+    what it registers. Lists the builtins, the ``vllite`` group and the logits-processor classes of the
+    ``vllm.logits_processors`` / ``vllite.logits_processors`` groups, filtered by ``VLLITE_PLUGINS`` /
+    ``VLLITE_DISABLE_PLUGIN_AUTOLOAD`` exactly as the engine filters them."""
 
     help = "List loaded plugins, their hooks and the components they register."
 
@@ -20,30 +23,65 @@ class PluginsCommand:
     def run(self, args: argparse.Namespace) -> int:
         import json
 
-        from vllite.plugin_manager import COMPONENT_KINDS, get_plugin_manager
-
-        manager = get_plugin_manager()
-        rows: dict[str, dict[str, Any]] = {}
-        for name, plugin in manager.pm.list_name_plugin():
-            info = manager.entry_points.get(name)
-            rows[name] = {
-                "name": name,
-                "distribution": f"{info.dist_name} {info.dist_version}" if info else "vllite (builtin)",
-                "hooks": sorted(impl for impl in _hooks_of(manager.pm, plugin)),
-                "components": {},
-            }
-        for kind in COMPONENT_KINDS:
-            for component in manager.components(kind).values():
-                rows[component.plugin]["components"].setdefault(kind, []).append(component.name)
+        rows = _hook_plugin_rows() + _logits_processor_rows()
         if args.json:
-            print(json.dumps(list(rows.values()), indent=2))
+            print(json.dumps(rows, indent=2))
             return 0
-        for row in rows.values():
-            print(f"{row['name']}  [{row['distribution']}]")
-            print(f"    hooks: {', '.join(row['hooks']) or '-'}")
+        for row in rows:
+            group = f"  (group {row['group']})" if row["group"] else ""
+            print(f"{row['name']}  [{row['distribution']}]{group}")
+            if "entry_point" in row:
+                print(f"    class: {row['entry_point']}")
+            else:
+                print(f"    hooks: {', '.join(row['hooks']) or '-'}")
             for kind, names in row["components"].items():
                 print(f"    {kind}: {', '.join(sorted(names))}")
         return 0
+
+
+def _hook_plugin_rows() -> list[dict[str, Any]]:
+    """The pluggy plugins: builtins, then the ``vllite`` entry-point group, with what each registers."""
+    from vllite.plugin_manager import COMPONENT_KINDS, get_plugin_manager
+
+    manager = get_plugin_manager()
+    rows: dict[str, dict[str, Any]] = {}
+    for name, plugin in manager.pm.list_name_plugin():
+        info = manager.entry_points.get(name)
+        rows[name] = {
+            "name": name,
+            "distribution": f"{info.dist_name} {info.dist_version}" if info else "vllite (builtin)",
+            "group": info.group if info else None,
+            "hooks": sorted(_hooks_of(manager.pm, plugin)),
+            "components": {},
+        }
+    for kind in COMPONENT_KINDS:
+        for component in manager.components(kind).values():
+            rows[component.plugin]["components"].setdefault(kind, []).append(component.name)
+    return list(rows.values())
+
+
+def _logits_processor_rows() -> list[dict[str, Any]]:
+    """One row per logits-processor entry point, discovered and checked as the engine's loader does; a broken
+    one raises ``PluginLoadError`` here as it would at engine start-up."""
+    from vllite.logits_processor.loader import LOGITSPROCS_GROUPS, check_logitsproc_class
+    from vllite.plugin_manager import iter_entry_points
+
+    rows = []
+    for group in LOGITSPROCS_GROUPS:
+        for info in iter_entry_points(group):
+            origin = f"{info.describe()} in group {group!r}"
+            check_logitsproc_class(info.load(), origin=origin, plugin=info.name, distribution=info.dist_name)
+            rows.append(
+                {
+                    "name": info.name,
+                    "distribution": f"{info.dist_name} {info.dist_version}",
+                    "group": group,
+                    "entry_point": info.value,
+                    "hooks": [],
+                    "components": {"logits_processors": [info.name]},
+                }
+            )
+    return rows
 
 
 def _hooks_of(pm: Any, plugin: Any) -> list[str]:

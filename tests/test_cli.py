@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from vllite import __version__
+from tests.plugin_utils import forget_modules, make_distribution
+from vllite import __version__, plugin_manager
 from vllite.cli import main
 from vllite.testing import make_tiny_model_dir_cached
 
@@ -30,6 +31,79 @@ def test_plugins_lists_builtins_with_their_components(capsys):
     assert rows["vllite.schedulers.builtin"]["components"]["schedulers"] == ["fcfs", "priority"]
     assert "vllite_register_commands" in rows["vllite.cli_commands"]["hooks"]
     assert "continuum" in rows["vllite.schedulers.continuum_plugin"]["components"]["schedulers"]
+
+
+LOGITS_PROCESSOR_MODULE = """
+class Proc:
+    def __init__(self, vllm_config, device, is_pin_memory): ...
+    def apply(self, logits): return logits
+    def is_argmax_invariant(self): return True
+    def update_state(self, batch_update): ...
+"""
+
+
+@pytest.fixture
+def plugin_env(tmp_path, monkeypatch):
+    """No plugin filter, a throwaway site folder on sys.path, and a fresh plugin manager before and after."""
+    monkeypatch.delenv("VLLITE_PLUGINS", raising=False)
+    monkeypatch.delenv("VLLITE_DISABLE_PLUGIN_AUTOLOAD", raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    plugin_manager.reset_plugin_manager()
+    yield tmp_path
+    plugin_manager.reset_plugin_manager()
+
+
+def _plugins_json(capsys) -> dict[str, dict]:
+    assert main(["plugins", "--json"]) == 0
+    return {row["name"]: row for row in json.loads(capsys.readouterr().out)}
+
+
+def test_plugins_lists_the_installed_logits_processor_example(plugin_env, capsys):
+    pytest.importorskip("vllite_force_token", reason="examples/plugins/vllite-force-token is not installed")
+    row = _plugins_json(capsys)["force_token"]
+    assert row["distribution"].startswith("vllite-force-token ")
+    assert row["group"] == "vllm.logits_processors"
+    assert row["entry_point"] == "vllite_force_token:ForceTokenLogitsProcessor"
+    assert row["components"] == {"logits_processors": ["force_token"]}
+    assert main(["plugins"]) == 0
+    assert "force_token  [vllite-force-token 0.1.0]  (group vllm.logits_processors)" in capsys.readouterr().out
+
+
+def test_plugins_lists_the_vllite_logits_processors_group_and_obeys_the_filter(plugin_env, capsys, monkeypatch):
+    forget_modules("cli_lp_mod")
+    make_distribution(
+        plugin_env,
+        "cli-lp-dist",
+        {"vllite.logits_processors": {"cli_lp": "cli_lp_mod:Proc"}},
+        {"cli_lp_mod": LOGITS_PROCESSOR_MODULE},
+    )
+    row = _plugins_json(capsys)["cli_lp"]
+    assert (row["distribution"], row["group"]) == ("cli-lp-dist 1.0", "vllite.logits_processors")
+    assert _plugins_json(capsys)["vllite.schedulers.builtin"]["group"] is None
+
+    monkeypatch.setenv("VLLITE_PLUGINS", "something-else")
+    plugin_manager.reset_plugin_manager()
+    assert "cli_lp" not in _plugins_json(capsys)
+    monkeypatch.setenv("VLLITE_PLUGINS", "cli_lp")
+    plugin_manager.reset_plugin_manager()
+    assert "cli_lp" in _plugins_json(capsys)
+    monkeypatch.delenv("VLLITE_PLUGINS")
+    monkeypatch.setenv("VLLITE_DISABLE_PLUGIN_AUTOLOAD", "1")
+    plugin_manager.reset_plugin_manager()
+    assert "cli_lp" not in _plugins_json(capsys)
+
+
+def test_plugins_reports_a_broken_logits_processor_like_engine_start_up(plugin_env, capsys):
+    forget_modules("cli_lp_broken_mod")
+    make_distribution(
+        plugin_env,
+        "cli-lp-broken",
+        {"vllm.logits_processors": {"cli_broken": "cli_lp_broken_mod:Missing"}},
+        {"cli_lp_broken_mod": "X = 1\n"},
+    )
+    assert main(["plugins"]) == 1
+    err = capsys.readouterr().err
+    assert "cli_broken" in err and "cli-lp-broken" in err
 
 
 @pytest.fixture(scope="module")
