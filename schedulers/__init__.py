@@ -1,1 +1,11 @@
-"""(filled in by its issue)"""
+"""Scheduling policies and the tools around them, each registered by a builtin plugin module.
+
+Policies: ``fcfs``, ``priority`` and ``continuum`` (with ``continuum_queue`` and ``continuum_turns``), small
+subclasses of ``vllite.sched.Scheduler`` that override narrow decisions; Continuum's tool-call estimators
+(``estimators``) and parsers (``tool_parsers``); the step tracer (``trace``); the simulated executor
+(``sim_executor``) and the agent-trace replay behind ``vllite bench agent`` (``traces``, ``agent_bench``,
+``agent_report``). Registration: ``builtin``, ``continuum_plugin``, ``trace`` and ``bench_plugin``, which import
+their classes inside the register hooks so start-up stays light. Layering: imports the kernel (``vllite.sched``,
+``vllite.request``, ``vllite.kv_cache``, ``vllite.executor``, ...), never ``vllite.plugins``; the kernel reaches
+these modules only through the plugin manager's registries.
+"""

@@ -1,1 +1,8 @@
-"""(filled in by its issue)"""
+"""The multiprocess engine core: ``EngineCoreProc`` (``EngineCore`` in a child process, with input and output
+threads over ZMQ and msgpack), the ``mp`` / ``async_mp`` clients that talk to it, and ``AsyncLLM``.
+
+Registered by ``plugin`` as the engine clients ``mp`` and ``async_mp`` (imported lazily, so loading the plugin
+imports neither zmq nor torch). Layering: imports the kernel (``vllite.engine``, ``vllite.protocol``,
+``vllite.serial``, ``vllite.config``, ...) and zmq; nothing in the kernel imports this package except through
+the engine-client registry (and ``vllite.AsyncLLM``'s lazy attribute).
+"""
