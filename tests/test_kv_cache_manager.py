@@ -85,19 +85,39 @@ def test_no_lookup_without_caching_or_with_prompt_logprobs() -> None:
 
 
 def test_prefix_cache_stats_cumulative_and_interval() -> None:
-    mgr = KVCacheManager(10, BS, 64, log_stats=True)
+    mgr = KVCacheManager(20, BS, 64, log_stats=True)
     run_prefill(mgr, make_request("a", list(range(9))))
-    mgr.get_computed_blocks(make_request("b", list(range(9))))
+    run_prefill(mgr, make_request("b", list(range(9))))
     assert mgr.make_prefix_cache_stats() == PrefixCacheStats(requests=2, queries=18, hits=8)
     assert mgr.make_prefix_cache_stats() == PrefixCacheStats()
-    mgr.get_computed_blocks(make_request("c", list(range(5))))
+    run_prefill(mgr, make_request("c", list(range(5))))
     assert mgr.make_prefix_cache_stats() == PrefixCacheStats(requests=1, queries=5, hits=4)
     assert mgr.prefix_cache_stats == PrefixCacheStats(requests=3, queries=23, hits=12)
     assert mgr.prefix_cache_stats.hit_rate == pytest.approx(12 / 23)
     assert PrefixCacheStats().hit_rate == 0.0
     quiet = KVCacheManager(10, BS, 64)
-    quiet.get_computed_blocks(make_request("a", list(range(9))))
+    run_prefill(quiet, make_request("a", list(range(9))))
     assert quiet.make_prefix_cache_stats() is None and quiet.prefix_cache_stats.requests == 1
+
+
+def test_prefix_cache_stats_count_a_lookup_once_when_the_allocation_succeeds() -> None:
+    """A request refused for lack of blocks is looked up again every step; only its admission counts."""
+    mgr = KVCacheManager(1 + 3, BS, 64, log_stats=True)
+    a = make_request("a", list(range(9)))
+    run_prefill(mgr, a)  # 3 blocks: the pool is full, 2 of them cached
+    waiting = make_request("w", list(range(9)))
+    for _ in range(3):
+        hits, num_hit = mgr.get_computed_blocks(waiting)
+        assert num_hit == 8 and mgr.allocate_slots(waiting, 1, num_hit, hits) is None
+    assert mgr.prefix_cache_stats == PrefixCacheStats(requests=1, queries=9, hits=0)  # only "a" so far
+    mgr.free(a)
+    hits, num_hit = mgr.get_computed_blocks(waiting)
+    assert mgr.allocate_slots(waiting, 1, num_hit, hits) is not None
+    waiting.num_computed_tokens = 9
+    waiting.append_output_token_ids([9, 10])
+    assert mgr.allocate_slots(waiting, 2) is not None  # decode allocations are no lookups
+    assert mgr.prefix_cache_stats == PrefixCacheStats(requests=2, queries=18, hits=8)
+    assert mgr.make_prefix_cache_stats() == PrefixCacheStats(requests=2, queries=18, hits=8)
 
 
 # ---------------------------------------------------------------------------- allocation
@@ -228,6 +248,17 @@ def test_block_views_and_step_buffer() -> None:
     assert mgr.take_new_block_ids() == [4]
     joined = blocks + mgr.get_blocks("c")
     assert joined.get_block_ids() == [1, 2, 4] and len(joined) == 3 and len(blocks) == 2
+
+
+def test_unhashed_block_ids_skip_the_null_block() -> None:
+    mgr = KVCacheManager(10, BS, 64, sliding_window=4)
+    req = make_request("a", list(range(13)))
+    run_prefill(mgr, req)
+    req.append_output_token_ids(13)
+    assert mgr.allocate_slots(req, 1) is not None
+    blocks = mgr.get_blocks("a")
+    assert blocks.blocks[0].is_null  # tokens 0..3 left the window of position 13
+    assert blocks.get_unhashed_block_ids() == [blocks.blocks[3].block_id]
 
 
 def test_usage_free_and_cached_counts() -> None:

@@ -187,6 +187,24 @@ def test_prefix_hit_after_the_first_request_finished():
     assert stats is not None and (stats.prefix_cache_queries, stats.prefix_cache_hits) == (9, 8)
 
 
+def test_prefix_stats_count_a_blocked_request_once():
+    """A waiting request refused blocks for several steps is one lookup, recorded when it is admitted."""
+    s = build(num_blocks=1 + 3, block_size=4, log_stats=True)
+    ex = FakeExecutor()
+    add(s, "A", prompt(500, 9), max_tokens=4)  # 3 blocks of 3: B cannot be admitted while A runs
+    run_steps(s, ex, 1)
+    b = add(s, "B", prompt(500, 9), max_tokens=1)
+    for _ in range(3):
+        so = s.schedule()
+        assert "B" not in so.num_scheduled_tokens
+        s.update_from_output(so, ex.execute(so))
+    assert s.kv_cache_manager.prefix_cache_stats.requests == 1  # A only
+    run_steps(s, ex, 2)  # A finishes, B is admitted with its 8-token hit
+    assert b.is_finished() and b.num_cached_tokens == 8
+    stats = s.kv_cache_manager.prefix_cache_stats
+    assert (stats.requests, stats.queries, stats.hits) == (2, 18, 8)
+
+
 # ---------------------------------------------------------------------- stop conditions
 def one_request_run(s: Scheduler, tokens: list[int], **kw):
     r = add(s, "R", prompt(10, 4), **kw)

@@ -36,8 +36,9 @@ class KVCacheBlocks:
         return [block.block_id for block in self.blocks]
 
     def get_unhashed_block_ids(self) -> list[int]:
-        """The ids of blocks not (yet) registered in the prefix cache."""
-        return [block.block_id for block in self.blocks if block.block_hash is None]
+        """The ids of blocks not (yet) registered in the prefix cache; the null block (positions outside a sliding
+        window) is no block of the request's and never listed."""
+        return [block.block_id for block in self.blocks if block.block_hash is None and not block.is_null]
 
     def __add__(self, other: KVCacheBlocks) -> KVCacheBlocks:
         return KVCacheBlocks((*self.blocks, *other.blocks))
@@ -138,15 +139,14 @@ class KVCacheManager:
         """The longest cached prefix of the request and its length in tokens.
 
         It covers at most ``num_tokens - 1`` tokens, so at least one token is computed and yields logits. The
-        blocks are not referenced yet: pass them to ``allocate_slots``, which touches them.
+        blocks are not referenced yet: pass them to ``allocate_slots``, which touches them and records the lookup
+        in the stats. A lookup alone records nothing, so a request refused for lack of blocks and looked up again
+        next step counts once, when it is admitted.
         """
         if not self.enable_caching or _skips_prefix_cache(request):
             return self.empty_kv_cache_blocks, 0
         hits = self.manager.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
         num_hit_tokens = len(hits) * self.block_size
-        self.prefix_cache_stats.record(request.num_tokens, num_hit_tokens)
-        if self._interval_stats is not None:
-            self._interval_stats.record(request.num_tokens, num_hit_tokens)
         if not hits:
             return self.empty_kv_cache_blocks, 0
         return KVCacheBlocks(hits), num_hit_tokens
@@ -163,9 +163,10 @@ class KVCacheManager:
         """Gives the request slots for its new (and lookahead) tokens, attaching prefix-cache hits first.
 
         Returns the newly allocated blocks (possibly none), or ``None`` when the free blocks do not suffice, in
-        which case nothing changed. Afterwards, unless ``delay_cache_blocks``, the blocks full within
-        ``num_computed_tokens + num_new_computed_tokens + num_new_tokens`` tokens (never lookahead slots) are
-        registered in the prefix cache.
+        which case nothing changed. The first allocation of a request (none since it arrived or was freed) records
+        its prefix-cache lookup: ``num_tokens`` queried, ``num_new_computed_tokens`` hit. Afterwards, unless
+        ``delay_cache_blocks``, the blocks full within ``num_computed_tokens + num_new_computed_tokens +
+        num_new_tokens`` tokens (never lookahead slots) are registered in the prefix cache.
         """
         if num_new_tokens < 0 or num_lookahead_tokens < 0:
             raise ValueError(
@@ -185,6 +186,8 @@ class KVCacheManager:
             return None
         self.manager.remove_skipped_blocks(request_id, total_computed)
 
+        if request_id not in self.manager.req_to_blocks:
+            self._record_lookup(request, num_new_computed_tokens)
         if hit_blocks:
             # Touch before allocating, or the free-queue head could hand out (and evict) a hit.
             self.block_pool.touch(hit_blocks)
@@ -194,6 +197,13 @@ class KVCacheManager:
         if self.enable_caching and not delay_cache_blocks:
             self.manager.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
         return KVCacheBlocks(new_blocks) if new_blocks else self.empty_kv_cache_blocks
+
+    def _record_lookup(self, request: Request, num_hit_tokens: int) -> None:
+        if not self.enable_caching or request.num_computed_tokens or _skips_prefix_cache(request):
+            return
+        self.prefix_cache_stats.record(request.num_tokens, num_hit_tokens)
+        if self._interval_stats is not None:
+            self._interval_stats.record(request.num_tokens, num_hit_tokens)
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Registers the request's blocks that are full within its first ``num_computed_tokens`` tokens (the
