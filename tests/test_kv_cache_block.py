@@ -88,6 +88,18 @@ def test_append_and_append_n_go_to_tail_in_order() -> None:
     assert q.popleft() is blocks[3]
 
 
+def test_appendleft_n_goes_to_head_in_order() -> None:
+    blocks, q = make_queue(5)
+    taken = q.popleft_n(3)
+    q.appendleft_n([taken[2], taken[0]])
+    assert ids(q) == [2, 0, 3, 4]
+    q.appendleft_n([])
+    assert q.num_free_blocks == 4
+    q.popleft_n(4)
+    q.appendleft_n([taken[1]])  # into an empty queue
+    assert ids(q) == [1] and q.popleft() is blocks[1]
+
+
 def test_sentinels_are_never_returned() -> None:
     _, q = make_queue(2)
     out = q.popleft_n(2)

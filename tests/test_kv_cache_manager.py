@@ -210,13 +210,14 @@ def test_free_is_reverse_order_and_idempotent() -> None:
     run_prefill(mgr, req)
     assert free_ids(mgr) == [4, 5]
     mgr.free(req)
-    assert free_ids(mgr) == [4, 5, 3, 2, 1]
+    # The unhashed tail block goes to the head (reused first), the cached prefix to the tail, reversed.
+    assert free_ids(mgr) == [3, 4, 5, 2, 1]
     mgr.free(req)
-    assert free_ids(mgr) == [4, 5, 3, 2, 1]
+    assert free_ids(mgr) == [3, 4, 5, 2, 1]
     assert mgr.get_block_ids("a") == [] and len(mgr.get_blocks("a")) == 0
-    # Later allocations drain the already free blocks first, then the tail block, then the prefix.
+    # Later allocations take the uncached blocks first, then evict the prefix from its end.
     new = mgr.allocate_slots(make_request("b", list(range(50, 70))), 20)
-    assert new is not None and new.get_block_ids() == [4, 5, 3, 2, 1]
+    assert new is not None and new.get_block_ids() == [3, 4, 5, 2, 1]
 
 
 def test_preempted_request_recovers_its_prefix_from_the_cache() -> None:
@@ -229,8 +230,9 @@ def test_preempted_request_recovers_its_prefix_from_the_cache() -> None:
     hits, n = mgr.get_computed_blocks(req)
     assert hits.get_block_ids() == ids[:2] and n == 8
     assert mgr.allocate_slots(req, 2, n, hits) is not None
-    # The prefix comes back; the partial tail block was not cached, so a fresh block (the queue head) replaces it.
-    assert mgr.get_block_ids("a") == [*ids[:2], 4]
+    # The prefix comes back; the partial tail block was not cached, so it went to the queue head on free and is
+    # reused for the tail.
+    assert mgr.get_block_ids("a") == ids
 
 
 def test_block_views_and_step_buffer() -> None:

@@ -89,11 +89,23 @@ def test_free_enqueues_only_blocks_reaching_zero() -> None:
     pool.touch([a])  # shared by a second user
     pool.free_blocks([b, a])
     assert a.ref_cnt == 1 and b.ref_cnt == 0
-    assert free_ids(pool) == [3, 4, 2]
+    assert free_ids(pool) == [2, 3, 4]  # no hash: at the head
     pool.free_blocks([a])
-    assert free_ids(pool) == [3, 4, 2, 1]
+    assert free_ids(pool) == [1, 2, 3, 4]
     with pytest.raises(AssertionError, match="double free"):
         pool.free_blocks([a])
+
+
+def test_free_puts_uncached_blocks_at_the_head_and_cached_ones_at_the_tail() -> None:
+    """Blocks holding no prefix are reused before any cached block is evicted (vLLM's order)."""
+    pool = BlockPool(7)
+    req = Request("r", list(range(8)), SamplingParams(), block_hasher=get_request_block_hasher(4, get_hash_fn("fast")))
+    blocks = pool.get_new_blocks(4)
+    pool.cache_full_blocks(req, blocks, 0, 2)  # blocks 1 and 2 cached, 3 and 4 not
+    pool.free_blocks(reversed(blocks))
+    assert free_ids(pool) == [4, 3, 5, 6, 2, 1]
+    assert [b.block_id for b in pool.get_new_blocks(4)] == [4, 3, 5, 6]
+    assert pool.num_cached_blocks == 2  # nothing evicted yet
 
 
 def test_usage_counts_usable_blocks_only() -> None:

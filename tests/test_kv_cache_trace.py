@@ -70,28 +70,30 @@ def test_seed_003_end_to_end_trace() -> None:
     assert pool.blocks[6].block_hash == req1.block_hashes[2]
     assert free_ids(mgr) == [8, 9, 10]
 
-    # step5: req0 finishes; shared blocks stay, the rest join the tail in reverse, keeping their hashes.
+    # step5: req0 finishes; shared blocks stay. Its unhashed tail block (Q) joins the head, to be reused first;
+    # the cached ones join the tail in reverse, keeping their hashes.
     mgr.free(req0)
-    assert free_ids(mgr) == [8, 9, 10, 5, 4, 3]
+    assert free_ids(mgr) == [5, 8, 9, 10, 4, 3]
     assert pool.blocks[3].block_hash is not None and pool.blocks[4].block_hash is not None
 
-    # step6: req1 finishes.
+    # step6: req1 finishes: its partial block 7 (mn) to the head, the cached ones to the tail.
     mgr.free(req1)
-    assert free_ids(mgr) == [8, 9, 10, 5, 4, 3, 7, 6, 2, 1]
+    assert free_ids(mgr) == [7, 5, 8, 9, 10, 4, 3, 6, 2, 1]
 
     # step7: req2 = ABCD|EFGH|IJKL + 4 full blocks + 1 token (29 tokens) hits 3 blocks in the free queue.
     req2 = make_request("req2", t("ABCDEFGHIJKL") + list(range(1000, 1017)))
     assert req2.num_tokens == 29
-    evicted_hash = pool.blocks[4].block_hash
+    kept_hash = pool.blocks[4].block_hash
     hits, num_hit = mgr.get_computed_blocks(req2)
     assert hits.get_block_ids() == [1, 2, 3] and num_hit == 12
-    assert schedule(mgr, req2) == [8, 9, 10, 5, 4]
-    assert mgr.get_block_ids("req2") == [1, 2, 3, 8, 9, 10, 5, 4]
-    # Block 4 (the seed's block 3, holding MNOP) is evicted by LRU; block 5 had no hash to drop.
-    assert evicted_hash is not None and pool.get_cached_block(evicted_hash) is None
-    assert [pool.blocks[i].block_hash for i in (8, 9, 10, 5)] == req2.block_hashes[3:7]
-    assert pool.blocks[4].block_hash is None  # holds the 29th token only
-    assert free_ids(mgr) == [7, 6]
+    assert schedule(mgr, req2) == [7, 5, 8, 9, 10]
+    assert mgr.get_block_ids("req2") == [1, 2, 3, 7, 5, 8, 9, 10]
+    # The uncached blocks went first, so block 4 (the seed's block 3, holding MNOP) is still cached; the seed's
+    # LRU order, which appended every freed block at the tail, evicted it here.
+    assert kept_hash is not None and pool.get_cached_block(kept_hash) is pool.blocks[4]
+    assert [pool.blocks[i].block_hash for i in (7, 5, 8, 9)] == req2.block_hashes[3:7]
+    assert pool.blocks[10].block_hash is None  # holds the 29th token only
+    assert free_ids(mgr) == [4, 6]
 
 
 def test_b5_example_1_waiting_request_with_two_hits_needs_one_block() -> None:

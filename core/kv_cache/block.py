@@ -47,10 +47,11 @@ class KVCacheBlock:
 
 
 class FreeKVCacheBlockQueue:
-    """The free (and evictable) blocks, least recently freed at the head.
+    """The free (and evictable) blocks in eviction order: allocation pops from the head.
 
-    Allocation pops from the head, so cached blocks freed longest ago are evicted first; freed blocks are
-    appended at the tail. Every method is O(1) per block touched and allocates no per-block objects.
+    The pool puts freed blocks that hold no cached prefix at the head and cached ones at the tail, so empty
+    blocks are reused first and cached blocks freed longest ago are evicted next.
+    Every method is O(1) per block touched and allocates no per-block objects.
     ``num_free_blocks`` is always the number of real blocks in the list.
     """
 
@@ -122,6 +123,21 @@ class FreeKVCacheBlockQueue:
             count += 1
         last.next_free_block = self.fake_free_list_tail
         self.fake_free_list_tail.prev_free_block = last
+        self.num_free_blocks += count
+
+    def appendleft_n(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Adds ``blocks`` at the head, the first of them becoming the new head, rewiring the head sentinel once."""
+        first = self.fake_free_list_head.next_free_block
+        assert first is not None
+        prev = self.fake_free_list_head
+        count = 0
+        for block in blocks:
+            prev.next_free_block = block
+            block.prev_free_block = prev
+            prev = block
+            count += 1
+        prev.next_free_block = first
+        first.prev_free_block = prev
         self.num_free_blocks += count
 
     def get_all_free_blocks(self) -> list[KVCacheBlock]:

@@ -1,8 +1,8 @@
 """``BlockPool``: every physical block, the free queue, and the prefix cache's hash-to-block map.
 
-The pool hands out blocks (evicting the least recently freed cached block first), registers full blocks under
-their hashes, revives cached blocks on a hit (``touch``) and takes blocks back (``free_blocks``). Block 0 is
-reserved as the null block and never handed out.
+The pool hands out blocks (empty ones first, then evicting the least recently freed cached block), registers
+full blocks under their hashes, revives cached blocks on a hit (``touch``) and takes blocks back
+(``free_blocks``). Block 0 is reserved as the null block and never handed out.
 """
 
 from __future__ import annotations
@@ -153,18 +153,21 @@ class BlockPool:
             block.ref_cnt += 1
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
-        """Drops one reference on each block; blocks reaching zero join the free queue's tail in the given
-        order, keeping their hashes. Pass a request's blocks reversed so that its tail is evicted first.
+        """Drops one reference on each block. Blocks reaching zero that hold no hash join the free queue's head
+        (reused first: they hold nothing worth keeping); cached ones join its tail in the given order, keeping
+        their hashes. Pass a request's blocks reversed so that its tail is evicted before its prefix.
         """
-        released: list[KVCacheBlock] = []
+        uncached: list[KVCacheBlock] = []
+        cached: list[KVCacheBlock] = []
         for block in ordered_blocks:
             if block.is_null:
                 continue
             assert block.ref_cnt > 0, f"double free of {block}"
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                released.append(block)
-        self.free_block_queue.append_n(released)
+                (cached if block.block_hash is not None else uncached).append(block)
+        self.free_block_queue.appendleft_n(uncached)
+        self.free_block_queue.append_n(cached)
 
     # ------------------------------------------------------------------ caching
     def cache_full_blocks(
