@@ -94,11 +94,10 @@ def test_request_finished_mid_batch_condenses_and_others_match(model_dirs: dict[
             assert got[req_id] == hf_greedy(path, prompt, 7), req_id
 
 
-@pytest.mark.parametrize("resume_as_new", [True, False])
-def test_preempted_request_resumes_with_its_output_tokens(model_dirs: dict[str, Path], resume_as_new: bool) -> None:
+def test_preempted_request_resumes_with_its_output_tokens(model_dirs: dict[str, Path]) -> None:
     path = model_dirs["llama"]
     ex = _executor(path)
-    sched = ManualScheduler(4, 64, chunk=4, resume_as_new=resume_as_new)
+    sched = ManualScheduler(4, 64, chunk=4)
     prompts = _prompts(3, seed=5)
     for req_id, prompt in prompts.items():
         sched.add(req_id, prompt, max_tokens=8)

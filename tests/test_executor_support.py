@@ -129,7 +129,6 @@ class _Req:
     num_computed: int = 0
     blocks: list[int] = field(default_factory=list)
     sent: bool = False  # the executor knows it
-    resumed: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -146,13 +145,11 @@ class ManualScheduler:
         *,
         chunk: int | None = None,
         budget: int | None = None,
-        resume_as_new: bool = True,
     ) -> None:
         self.block_size = block_size
         self.free = list(range(1, num_blocks))
         self.chunk = chunk
         self.budget = budget
-        self.resume_as_new = resume_as_new
         self.running: list[_Req] = []
         self.done: dict[str, list[int]] = {}
         self._finished: set[str] = set()
@@ -175,10 +172,7 @@ class ManualScheduler:
         self.free += req.blocks
         req.blocks, req.num_computed = [], 0
         self._preempted.add(req_id)
-        if self.resume_as_new:
-            req.sent = False
-        else:
-            req.resumed = True
+        req.sent = False  # resumed as a new request, with its output tokens
 
     def schedule(self, skip: set[str] = frozenset()) -> SchedulerOutput:
         new, cached = [], CachedRequestData()
@@ -204,11 +198,7 @@ class ManualScheduler:
                 req.sent = True
             else:
                 cached.req_ids.append(req.req_id)
-                cached.new_block_ids.append(list(req.blocks) if req.resumed else (new_blocks or None))
-                if req.resumed:
-                    cached.resumed_req_ids.add(req.req_id)
-                    cached.all_token_ids[req.req_id] = req.prompt + req.output
-                    req.resumed = False
+                cached.new_block_ids.append(new_blocks or None)
                 cached.new_token_ids.append([])
                 cached.num_computed_tokens.append(req.num_computed)
                 cached.num_output_tokens.append(len(req.output))

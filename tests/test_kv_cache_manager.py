@@ -289,16 +289,6 @@ def test_reset_prefix_cache() -> None:
     assert mgr.num_cached_blocks == 1  # only the newly full third block
 
 
-def test_common_prefix_blocks() -> None:
-    mgr = KVCacheManager(20, BS, 64)
-    reqs = [make_request(f"r{i}", list(range(8)) + [100 + i] * 5) for i in range(3)]
-    for r in reqs:
-        run_prefill(mgr, r)
-    assert mgr.get_num_common_prefix_blocks("r0", 3) == 2
-    assert mgr.get_num_common_prefix_blocks("r0", 4) == 0
-    assert mgr.get_num_common_prefix_blocks("zz", 3) == 0
-
-
 # ---------------------------------------------------------------------------- sliding window
 def test_sliding_window_releases_blocks_outside_the_window() -> None:
     mgr = KVCacheManager(10, BS, 64, sliding_window=4)

@@ -226,10 +226,6 @@ class KVCacheManager:
         """The request's block ids, in order (empty for an unknown request)."""
         return [block.block_id for block in self.manager.req_to_blocks.get(request_id, ())]
 
-    def get_num_common_prefix_blocks(self, request_id: str, num_running_requests: int) -> int:
-        """Leading blocks of ``request_id`` held by all ``num_running_requests`` running requests."""
-        return self.manager.get_num_common_prefix_blocks(request_id, num_running_requests)
-
     # ------------------------------------------------------------------ steps and resets
     def new_step_starts(self) -> None:
         """Starts a new step: ``take_new_block_ids`` will report only blocks allocated from now on."""

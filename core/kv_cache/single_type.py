@@ -105,17 +105,6 @@ class FullAttentionManager:
             self.block_pool.free_blocks(reversed(blocks))
         self.num_cached_block.pop(request_id, None)
 
-    def get_num_common_prefix_blocks(self, request_id: str, num_running_requests: int) -> int:
-        """Leading blocks of ``request_id`` shared by all ``num_running_requests`` running requests (for cascade
-        attention); a block's ``ref_cnt`` equal to the running count means every one of them holds it.
-        """
-        count = 0
-        for block in self.req_to_blocks.get(request_id, ()):
-            if block.ref_cnt != num_running_requests:
-                break
-            count += 1
-        return count
-
 
 class SlidingWindowManager(FullAttentionManager):
     """Block tables for sliding-window attention over ``sliding_window`` tokens.
@@ -185,7 +174,3 @@ class SlidingWindowManager(FullAttentionManager):
         """Blocks that leaving the window would return to the free queue: those this request alone holds."""
         blocks = self.req_to_blocks.get(request_id, [])
         return sum(1 for i in self._skipped_indices(request_id, num_computed_tokens) if blocks[i].ref_cnt == 1)
-
-    def get_num_common_prefix_blocks(self, request_id: str, num_running_requests: int) -> int:
-        """Cascade attention over a shared prefix does not apply to a sliding window."""
-        return 0

@@ -42,13 +42,12 @@ class NewRequestData:
 class CachedRequestData:
     """Requests the workers already know: only what changed since they last saw them.
 
-    ``new_block_ids[i]`` is ``None`` when request ``i`` got no new blocks. For ids in ``resumed_req_ids`` the
-    block ids replace the request's table instead of extending it. ``all_token_ids`` is sent only for
-    requests that were not scheduled in the previous step (the workers may have missed tokens).
+    ``new_block_ids[i]`` is ``None`` when request ``i`` got no new blocks; new blocks extend the request's table
+    (a preempted request comes back as ``NewRequestData`` instead). ``all_token_ids`` is sent only for requests
+    that were not scheduled in the previous step (the workers may have missed tokens).
     """
 
     req_ids: list[str] = field(default_factory=list)
-    resumed_req_ids: set[str] = field(default_factory=set)
     new_token_ids: list[list[int]] = field(default_factory=list)
     all_token_ids: dict[str, list[int]] = field(default_factory=dict)
     new_block_ids: list[list[int] | None] = field(default_factory=list)
@@ -75,7 +74,6 @@ class SchedulerOutput:
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
     finished_req_ids: set[str] = field(default_factory=set)
     preempted_req_ids: set[str] = field(default_factory=set)
-    num_common_prefix_blocks: list[int] = field(default_factory=list)
     kv_connector_metadata: Any = None
 
     @classmethod

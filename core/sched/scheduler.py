@@ -377,9 +377,6 @@ class Scheduler(OutputUpdateMixin, SchedulerInterface):
             scheduled_spec_decode_tokens=spec_tokens,
             finished_req_ids=self.finished_req_ids,
             preempted_req_ids=preempted_ids,
-            num_common_prefix_blocks=(
-                [kv.get_num_common_prefix_blocks(running[0].request_id, len(running))] if running else [0]
-            ),
         )
         self.prev_step_scheduled_req_ids = set(num_scheduled_tokens)
         # After the output is built (it keeps the pre-step counts), before the model runs.

@@ -158,9 +158,8 @@ class ModelRunner:
             self.requests.pop(req_id, None)
             batch.remove_request(req_id)
         cached = so.scheduled_cached_reqs
-        resumed = cached.resumed_req_ids
         for req_id in list(batch.req_id_to_index):
-            if req_id in so.preempted_req_ids or req_id not in so.num_scheduled_tokens or req_id in resumed:
+            if req_id in so.preempted_req_ids or req_id not in so.num_scheduled_tokens:
                 batch.remove_request(req_id)
 
         to_add: list[CachedRequestState] = []
@@ -199,9 +198,7 @@ class ModelRunner:
                 del state.output_token_ids[cached.num_output_tokens[i] :]
                 tokens_changed = True
             new_blocks = cached.new_block_ids[i] if i < len(cached.new_block_ids) else None
-            if req_id in resumed:
-                state.block_ids = list(new_blocks or [])
-            elif new_blocks:
+            if new_blocks:
                 state.block_ids.extend(new_blocks)
             row = batch.req_id_to_index.get(req_id)
             if row is not None and tokens_changed:
@@ -211,7 +208,7 @@ class ModelRunner:
                 to_add.append(state)
                 continue
             batch.num_computed_tokens[row] = state.num_computed_tokens
-            if new_blocks and req_id not in resumed:
+            if new_blocks:
                 batch.append_block_ids(row, new_blocks)
 
         for state in to_add:
