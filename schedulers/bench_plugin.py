@@ -1,5 +1,8 @@
 """The benchmark plugin: registers the ``sim`` executor and the ``vllite bench`` command (subcommand ``agent``).
 
+Only this module loads at start-up: the simulator and the trace replay (``sim_executor``, ``traces``,
+``agent_bench``, ``agent_report``) are imported when ``--device sim`` or ``vllite bench agent`` runs.
+
 ``vllite bench agent`` replays agent traces (``vllite.schedulers.traces``) against several schedulers on the same
 KV budget, on the simulated executor (virtual time, default) or a real model (wall time), and writes
 ``results.json``, ``results.csv`` and ``jct_vs_load.png``. See ``docs/agent-bench.md``.
@@ -14,12 +17,28 @@ from typing import Any
 from vllite.hookspecs import Register, hookimpl
 
 
+class _LazySimExecutor:
+    """The ``sim`` registry entry: builds a ``SimExecutor``, importing the simulator only then.
+
+    The executor registry is built at every engine start-up and by ``vllite plugins``; with this entry the
+    simulator loads only when ``--device sim`` / ``--executor sim`` actually selects it.
+    """
+
+    execute_model = None  # the plugin manager checks that an executor entry has this attribute
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from vllite.schedulers.sim_executor import SimExecutor
+
+        return SimExecutor(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return "<executor vllite.schedulers.sim_executor:SimExecutor>"
+
+
 @hookimpl
 def vllite_register_executors(register: Register) -> None:
     """Registers ``sim`` (SimExecutor): no model, modelled step times on a virtual clock (``--device sim``)."""
-    from vllite.schedulers.sim_executor import SimExecutor
-
-    register("sim", SimExecutor)
+    register("sim", _LazySimExecutor())
 
 
 def _floats(text: str) -> list[float]:

@@ -20,6 +20,31 @@ def test_import_vllite_does_not_import_torch():
     assert out.stdout.split() == ["False", "False"]
 
 
+HEAVY_MODULES = (
+    "torch",
+    "transformers",
+    "matplotlib",
+    "vllite.schedulers.agent_bench",
+    "vllite.schedulers.agent_report",
+    "vllite.schedulers.traces",
+    "vllite.schedulers.sim_executor",
+)
+
+
+def test_start_up_imports_neither_torch_nor_the_agent_bench():
+    """``vllite --help`` builds every subcommand's parser; the replay and the simulator load when their command runs."""
+    code = (
+        "import sys\n"
+        "from vllite.cli import build_parser\n"
+        "build_parser().format_help()\n"
+        "from vllite.schedulers.bench_plugin import vllite_register_executors\n"
+        "vllite_register_executors(register=lambda name, obj: None)\n"
+        f"print([m for m in {HEAVY_MODULES!r} if m in sys.modules])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 def test_version(capsys):
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"vllite {__version__}"
