@@ -59,6 +59,12 @@ class AgentBench:
         add("--workloads", type=_names, default=["swe"], help="Synthetic presets, comma-separated: swe,bfcl.")
         add("--trace", default=None, help="A JSON-lines trace file instead of a synthetic workload.")
         add("--num-jobs", type=int, default=100, help="Jobs per synthetic workload.")
+        add(
+            "--token-scale",
+            type=float,
+            default=1.0,
+            help="Multiply the synthetic workloads' token lengths and max context (e.g. 0.03 fits 1024 tokens).",
+        )
         add("--jps", type=_floats, default=[0.05], help="Loads in jobs per second, comma-separated.")
         add("--schedulers", type=_names, default=["fcfs", "continuum"], help="Registered names or class paths.")
         add("--engine", choices=("sim", "real"), default="sim", help="Simulated executor or a real model.")
@@ -85,7 +91,10 @@ class AgentBench:
         if args.trace:
             workloads = {Path(args.trace).stem: read_trace(args.trace)}
         else:
-            workloads = {name: generate_trace(name, args.num_jobs, seed=args.seed) for name in args.workloads}
+            workloads = {
+                name: generate_trace(name, args.num_jobs, seed=args.seed, token_scale=args.token_scale)
+                for name in args.workloads
+            }
         for name, jobs in workloads.items():
             stats = trace_stats(jobs)
             print(f"{name}: " + ", ".join(f"{k}={v:.6g}" for k, v in stats.items()))

@@ -25,7 +25,7 @@ import math
 import random
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -254,12 +254,32 @@ def generate_job(preset: WorkloadPreset, job_id: str, rng: random.Random) -> Job
     return Job(job_id, turns)
 
 
-def generate_trace(preset: WorkloadPreset | str, num_jobs: int, seed: int = 0) -> list[Job]:
-    """``num_jobs`` synthetic jobs of a preset (``"swe"``, ``"bfcl"`` or a ``WorkloadPreset``), reproducibly."""
+def scale_tokens(preset: WorkloadPreset, token_scale: float) -> WorkloadPreset:
+    """``preset`` with every token length and its max context multiplied by ``token_scale`` (turn counts and tool
+    times unchanged): a small model with a short context can replay the same shape of work."""
+    if not token_scale > 0:
+        raise ValueError(f"token_scale must be > 0, got {token_scale!r}.")
+    if token_scale == 1.0:
+        return preset
+    tools = tuple(replace(t, obs_median_tokens=t.obs_median_tokens * token_scale) for t in preset.tools)
+    return replace(
+        preset,
+        first_prompt_median=preset.first_prompt_median * token_scale,
+        output_median=preset.output_median * token_scale,
+        tools=tools,
+        max_context=max(1, int(preset.max_context * token_scale)),
+        targets={},
+    )
+
+
+def generate_trace(preset: WorkloadPreset | str, num_jobs: int, seed: int = 0, token_scale: float = 1.0) -> list[Job]:
+    """``num_jobs`` synthetic jobs of a preset (``"swe"``, ``"bfcl"`` or a ``WorkloadPreset``), reproducibly;
+    ``token_scale`` shrinks (or grows) every token length, see :func:`scale_tokens`."""
     if isinstance(preset, str):
         if preset not in PRESETS:
             raise ValueError(f"Unknown workload {preset!r}; known: {', '.join(PRESETS)}.")
         preset = PRESETS[preset]
+    preset = scale_tokens(preset, token_scale)
     rng = random.Random(f"{preset.name}:{seed}")
     return [generate_job(preset, f"{preset.name}-{i}", rng) for i in range(num_jobs)]
 

@@ -61,6 +61,15 @@ def test_synthetic_traces_match_table_2(name):
     assert generate_trace(name, 5, seed=3)[0].to_dict() == generate_trace(name, 5, seed=3)[0].to_dict()
 
 
+def test_token_scale_shrinks_lengths_and_context_but_keeps_turns_and_tools():
+    full, tiny = generate_trace("swe", 50, seed=1), generate_trace("swe", 50, seed=1, token_scale=0.03)
+    assert max(job.max_context for job in tiny) <= int(PRESETS["swe"].max_context * 0.03)
+    assert trace_stats(tiny)["tokens_mean"] < trace_stats(full)["tokens_mean"] / 20
+    assert [t.tool for t in tiny[0].turns][:3] == [t.tool for t in full[0].turns][:3]
+    with pytest.raises(ValueError):
+        generate_trace("swe", 1, token_scale=0)
+
+
 def test_last_turn_calls_no_tool_and_others_do():
     for job in generate_trace("swe", 50, seed=1):
         assert job.turns[-1].tool is None and job.turns[-1].tool_duration_s == 0.0
