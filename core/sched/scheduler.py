@@ -15,13 +15,14 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from vllite.kv_cache import KVCacheBlocks, KVCacheManager, get_hash_fn, get_request_block_hasher
-from vllite.protocol import EngineCoreEventType
+from vllite.protocol import EngineCoreEventType, EngineCoreOutputs, SchedulerStats
 from vllite.request import Request, RequestStatus
 from vllite.sched.cached_data import make_cached_request_data
 from vllite.sched.interface import PauseState, SchedulerInterface
-from vllite.sched.output import NewRequestData, SchedulerOutput
+from vllite.sched.output import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from vllite.sched.request_queue import FCFSRequestQueue, RequestQueue
-from vllite.sched.updates import OutputUpdateMixin
+from vllite.sched.step_state import StepState, make_step_record
+from vllite.sched.updates import update_from_output
 
 if TYPE_CHECKING:
     from vllite.config import EngineConfig
@@ -30,7 +31,7 @@ StepObserver = Callable[..., Any]
 _FROM_PLUGINS: Any = object()
 
 
-class Scheduler(OutputUpdateMixin, SchedulerInterface):
+class Scheduler(SchedulerInterface):
     """The token-budget scheduler (vLLM V1's algorithm); FCFS unless a subclass overrides a policy decision.
 
     Policy decisions, each a small method a plugin overrides without touching ``schedule()``:
@@ -76,7 +77,7 @@ class Scheduler(OutputUpdateMixin, SchedulerInterface):
         self.cache_config = cache
         self.log_stats = log_stats
         self.clock = clock
-        self.max_model_len = sched.max_model_len or config.model_config.max_model_len or 0
+        self.max_model_len = config.model_config.max_model_len or 0
         if self.max_model_len <= 0 or sched.max_num_batched_tokens is None:
             raise ValueError("The scheduler needs max_model_len: call config.set_max_model_len(n) first.")
         self.max_num_running_reqs = sched.max_num_seqs
@@ -236,163 +237,141 @@ class Scheduler(OutputUpdateMixin, SchedulerInterface):
         """Builds this step's batch (see the module docstring) and advances ``num_computed_tokens``."""
         self.on_step_start()
         self.step_counter += 1
-        kv = self.kv_cache_manager
-        kv.new_step_starts()
-        now = self.clock()
-        initial_budget = 0 if self._pause_state == PauseState.PAUSED_ALL else self.max_num_scheduled_tokens
-        token_budget = initial_budget
-        threshold = self.long_prefill_token_threshold
-        lookahead = self.num_lookahead_tokens
-        tracing = self.step_observer is not None
+        self.kv_cache_manager.new_step_starts()
+        budget = 0 if self._pause_state == PauseState.PAUSED_ALL else self.max_num_scheduled_tokens
+        step = StepState(now=self.clock(), initial_budget=budget, tracing=self.step_observer is not None)
+        self._schedule_running(step)
+        # Admitting right after a preemption would just thrash.
+        if not step.preempted and self._pause_state == PauseState.UNPAUSED:
+            self._admit_waiting(step)
+        assert 0 <= step.total_scheduled_tokens <= self.max_num_scheduled_tokens, step.total_scheduled_tokens
+        assert len(self.running) <= self.max_num_running_reqs
+
+        output = self._make_output(step)
+        self.prev_step_scheduled_req_ids = set(step.num_scheduled_tokens)
+        # After the output is built (it keeps the pre-step counts), before the model runs.
+        for request in (*step.running, *step.new, *step.resumed):
+            request.num_computed_tokens += step.num_scheduled_tokens[request.request_id]
+            request.is_prefill_chunk = request.num_computed_tokens < request.num_tokens
+        self.finished_req_ids = set()
+        if self.step_observer is not None:
+            self.step_observer(step=make_step_record(self, step, output))
+        return output
+
+    def _schedule_running(self, step: StepState) -> None:
+        """Serves running requests in admission order, preempting when one cannot get blocks."""
         running = self.running
-
-        num_scheduled_tokens: dict[str, int] = {}
-        req_to_new_blocks: dict[str, KVCacheBlocks] = {}
-        spec_tokens: dict[str, list[int]] = {}
-        scheduled_running: list[Request] = []
-        scheduled_new: list[Request] = []
-        scheduled_resumed: list[Request] = []
-        preempted: list[Request] = []
-        lost_tokens: dict[str, int] = {}
-        prefix_hits: dict[str, int] = {}
-
-        # Running requests first, in admission order.
         req_index = 0
-        while req_index < len(running) and token_budget > 0:
+        while req_index < len(running) and step.token_budget > 0:
             request = running[req_index]
             num_new = request.num_tokens_with_spec - request.num_computed_tokens
-            if 0 < threshold < num_new:
-                num_new = threshold
+            if 0 < self.long_prefill_token_threshold < num_new:
+                num_new = self.long_prefill_token_threshold
             # Never schedule a position at or past max_model_len.
-            num_new = min(num_new, token_budget, self.max_model_len - request.num_computed_tokens)
+            num_new = min(num_new, step.token_budget, self.max_model_len - request.num_computed_tokens)
             if num_new <= 0:
                 req_index += 1
                 continue
-            while True:
-                # Caching is deferred: a victim refunded below must not leave never-computed blocks cached.
-                new_blocks = kv.allocate_slots(
-                    request, num_new, num_lookahead_tokens=lookahead, delay_cache_blocks=True
-                )
-                if new_blocks is not None:
-                    break
-                if self.on_running_allocation_failed(request):
-                    continue  # the policy released blocks outside the scheduler's requests: retry
-                victim = self.select_preemption_victim(running, request)
-                victim_index = next(i for i, r in enumerate(running) if r is victim)
-                del running[victim_index]
-                if victim_index < req_index:
-                    req_index -= 1
-                victim_id = victim.request_id
-                refund = num_scheduled_tokens.pop(victim_id, None)
-                if refund is not None:
-                    token_budget += refund
-                    del req_to_new_blocks[victim_id]
-                    spec_tokens.pop(victim_id, None)
-                    scheduled_running.remove(victim)
-                if tracing:
-                    lost_tokens[victim_id] = victim.num_computed_tokens
-                self._preempt_request(victim, now)
-                preempted.append(victim)
-                if victim is request:
-                    break
+            new_blocks, req_index = self._allocate_or_preempt(request, num_new, req_index, step)
             if new_blocks is None:
                 continue  # preempted itself; the next request now sits at req_index
-            request_id = request.request_id
-            scheduled_running.append(request)
-            req_to_new_blocks[request_id] = new_blocks
-            num_scheduled_tokens[request_id] = num_new
-            token_budget -= num_new
+            step.schedule_running(request, num_new, new_blocks)
             req_index += 1
             if request.spec_token_ids:
                 num_spec = num_new + request.num_computed_tokens - request.num_tokens
                 if num_spec > 0:
-                    spec_tokens[request_id] = request.spec_token_ids[:num_spec]
+                    step.spec_tokens[request.request_id] = request.spec_token_ids[:num_spec]
                 request.spec_token_ids = []
         if self.enable_caching:
-            for request in scheduled_running:
-                end = request.num_computed_tokens + num_scheduled_tokens[request.request_id]
-                kv.cache_blocks(request, end)
+            for request in step.running:
+                end = request.num_computed_tokens + step.num_scheduled_tokens[request.request_id]
+                self.kv_cache_manager.cache_blocks(request, end)
 
-        # Then waiting requests, unless this step preempted (admitting now would just thrash) or paused.
-        if not preempted and self._pause_state == PauseState.UNPAUSED:
-            waiting = self.waiting
-            while waiting and token_budget > 0 and len(running) < self.max_num_running_reqs:
-                request = waiting.peek_request()
-                if request.num_computed_tokens == 0:
-                    hit_blocks, num_hit = kv.get_computed_blocks(request)
-                else:
-                    hit_blocks, num_hit = kv.empty_kv_cache_blocks, 0
-                num_computed = request.num_computed_tokens + num_hit
-                num_new = request.num_tokens - num_computed
-                if self.enable_chunked_prefill:
-                    if 0 < threshold < num_new:
-                        num_new = threshold
-                    num_new = min(num_new, token_budget)
-                elif num_new > token_budget:
-                    break  # whole prompt or nothing
-                new_blocks = kv.allocate_slots(request, num_new, num_hit, hit_blocks, num_lookahead_tokens=lookahead)
-                if new_blocks is None:
-                    if self.on_admission_blocked(request):
-                        continue  # the policy released blocks: look at the (possibly new) head again
-                    break  # out of blocks: no preemption to admit
-                waiting.pop_request()
-                running.append(request)
-                request_id = request.request_id
-                if request.status == RequestStatus.PREEMPTED:
-                    scheduled_resumed.append(request)
-                else:
-                    scheduled_new.append(request)
-                if self.log_stats:
-                    request.record_event(EngineCoreEventType.SCHEDULED, now)
-                request.status = RequestStatus.RUNNING
-                request.num_computed_tokens = num_computed
-                if request.num_cached_tokens < 0:
-                    request.num_cached_tokens = num_computed
-                num_scheduled_tokens[request_id] = num_new
-                token_budget -= num_new
-                if tracing:
-                    prefix_hits[request_id] = num_hit
-                self.on_request_admitted(request)
+    def _allocate_or_preempt(
+        self, request: Request, num_new: int, req_index: int, step: StepState
+    ) -> tuple[KVCacheBlocks | None, int]:
+        """Blocks for ``num_new`` tokens of the running request at ``running[req_index]``, preempting victims
+        until they fit. Returns the new blocks (``None`` when the request itself was preempted) and the index
+        the request has (or its successor has) now that victims left ``self.running``."""
+        running = self.running
+        while True:
+            # Caching is deferred: a victim refunded below must not leave never-computed blocks cached.
+            new_blocks = self.kv_cache_manager.allocate_slots(
+                request, num_new, num_lookahead_tokens=self.num_lookahead_tokens, delay_cache_blocks=True
+            )
+            if new_blocks is not None:
+                return new_blocks, req_index
+            if self.on_running_allocation_failed(request):
+                continue  # the policy released blocks outside the scheduler's requests: retry
+            victim = self.select_preemption_victim(running, request)
+            victim_index = next(i for i, r in enumerate(running) if r is victim)
+            del running[victim_index]
+            if victim_index < req_index:
+                req_index -= 1
+            step.preempt(victim)
+            self._preempt_request(victim, step.now)
+            if victim is request:
+                return None, req_index
 
-        total = initial_budget - token_budget
-        assert 0 <= total <= self.max_num_scheduled_tokens, (total, self.max_num_scheduled_tokens)
-        assert len(running) <= self.max_num_running_reqs
+    def _admit_waiting(self, step: StepState) -> None:
+        """Admits waiting requests in queue order while budget, batch width and KV blocks last."""
+        waiting = self.waiting
+        kv = self.kv_cache_manager
+        while waiting and step.token_budget > 0 and len(self.running) < self.max_num_running_reqs:
+            request = waiting.peek_request()
+            if request.num_computed_tokens == 0:
+                hit_blocks, num_hit = kv.get_computed_blocks(request)
+            else:
+                hit_blocks, num_hit = kv.empty_kv_cache_blocks, 0
+            num_new = self._num_new_waiting_tokens(request, request.num_computed_tokens + num_hit, step)
+            if num_new is None:
+                break  # whole prompt or nothing
+            lookahead = self.num_lookahead_tokens
+            if kv.allocate_slots(request, num_new, num_hit, hit_blocks, num_lookahead_tokens=lookahead) is not None:
+                self._admit(request, num_new, num_hit, step)
+            elif not self.on_admission_blocked(request):
+                break  # out of blocks: no preemption to admit
+            # else the policy released blocks: look at the (possibly new) head again
 
-        preempted_ids = {r.request_id for r in preempted}
+    def _num_new_waiting_tokens(self, request: Request, num_computed: int, step: StepState) -> int | None:
+        """Tokens to schedule for a waiting request with ``num_computed`` tokens computed or hit; ``None`` when
+        its prompt does not fit the budget and chunked prefill is off."""
+        num_new = request.num_tokens - num_computed
+        if not self.enable_chunked_prefill:
+            return None if num_new > step.token_budget else num_new
+        if 0 < self.long_prefill_token_threshold < num_new:
+            num_new = self.long_prefill_token_threshold
+        return min(num_new, step.token_budget)
+
+    def _admit(self, request: Request, num_new: int, num_hit: int, step: StepState) -> None:
+        """Moves the head of the waiting queue, whose blocks are allocated, to running."""
+        self.waiting.pop_request()
+        self.running.append(request)
+        step.admit(request, num_new, num_hit, resumed=request.status == RequestStatus.PREEMPTED)
+        if self.log_stats:
+            request.record_event(EngineCoreEventType.SCHEDULED, step.now)
+        request.status = RequestStatus.RUNNING
+        request.num_computed_tokens += num_hit
+        if request.num_cached_tokens < 0:
+            request.num_cached_tokens = request.num_computed_tokens
+        self.on_request_admitted(request)
+
+    def _make_output(self, step: StepState) -> SchedulerOutput:
+        """The executor's view of the step, with the pre-step ``num_computed_tokens``."""
+        preempted_ids = {r.request_id for r in step.preempted}
         if self._preempted_between_steps:
             preempted_ids |= self._preempted_between_steps
             self._preempted_between_steps = set()
-        admitted = scheduled_new + scheduled_resumed
-        output = SchedulerOutput(
-            scheduled_new_reqs=[NewRequestData.from_request(r, kv.get_block_ids(r.request_id)) for r in admitted],
-            scheduled_cached_reqs=make_cached_request_data(
-                scheduled_running,
-                num_scheduled_tokens,
-                spec_tokens,
-                req_to_new_blocks,
-                self.prev_step_scheduled_req_ids,
-            ),
-            num_scheduled_tokens=num_scheduled_tokens,
-            total_num_scheduled_tokens=total,
-            scheduled_spec_decode_tokens=spec_tokens,
+        get_block_ids = self.kv_cache_manager.get_block_ids
+        return SchedulerOutput(
+            scheduled_new_reqs=[NewRequestData.from_request(r, get_block_ids(r.request_id)) for r in step.admitted],
+            scheduled_cached_reqs=make_cached_request_data(step, self.prev_step_scheduled_req_ids),
+            num_scheduled_tokens=step.num_scheduled_tokens,
+            total_num_scheduled_tokens=step.total_scheduled_tokens,
+            scheduled_spec_decode_tokens=step.spec_tokens,
             finished_req_ids=self.finished_req_ids,
             preempted_req_ids=preempted_ids,
         )
-        self.prev_step_scheduled_req_ids = set(num_scheduled_tokens)
-        # After the output is built (it keeps the pre-step counts), before the model runs.
-        for request in scheduled_running:
-            request.num_computed_tokens += num_scheduled_tokens[request.request_id]
-            request.is_prefill_chunk = request.num_computed_tokens < request.num_tokens
-        for request in admitted:
-            request.num_computed_tokens += num_scheduled_tokens[request.request_id]
-            request.is_prefill_chunk = request.num_computed_tokens < request.num_tokens
-        self.finished_req_ids = set()
-
-        if tracing:
-            self._observe_step(
-                now, output, scheduled_new, scheduled_resumed, scheduled_running, lost_tokens, prefix_hits
-            )
-        return output
 
     def _preempt_request(self, request: Request, timestamp: float) -> None:
         """Preemption by recompute: frees the blocks, resets progress, puts the request back in waiting."""
@@ -410,37 +389,97 @@ class Scheduler(OutputUpdateMixin, SchedulerInterface):
             request.record_event(EngineCoreEventType.PREEMPTED, timestamp)
         self.waiting.prepend_request(request)
 
-    def _observe_step(
-        self,
-        now: float,
-        output: SchedulerOutput,
-        new: list[Request],
-        resumed: list[Request],
-        running: list[Request],
-        lost_tokens: dict[str, int],
-        prefix_hits: dict[str, int],
-    ) -> None:
-        """Builds the step record and hands it to the observer hook (only called when one is present)."""
-        kv = self.kv_cache_manager
-        counts = output.num_scheduled_tokens
-        assert self.step_observer is not None
-        self.step_observer(
-            step={
-                "step": self.step_counter,
-                "time": now,
-                "scheduler": type(self).__name__,
-                "num_waiting": len(self.waiting),
-                "num_running": len(self.running),
-                "free_blocks": kv.num_free_blocks,
-                "cached_blocks": kv.num_cached_blocks,
-                "kv_cache_usage": kv.usage,
-                "token_budget": self.max_num_scheduled_tokens,
-                "total_scheduled_tokens": output.total_num_scheduled_tokens,
-                "new": {r.request_id: counts[r.request_id] for r in new},
-                "resumed": {r.request_id: counts[r.request_id] for r in resumed},
-                "running": {r.request_id: counts[r.request_id] for r in running},
-                "preempted": lost_tokens,
-                "prefix_hits": prefix_hits,
-                "spec_tokens": {k: len(v) for k, v in output.scheduled_spec_decode_tokens.items()},
-            }
+    # ------------------------------------------------------------------ outputs
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
+    ) -> dict[int, EngineCoreOutputs]:
+        """Applies one step's sampled tokens and returns the outputs per client index.
+
+        For each scheduled request still alive: rejected draft tokens are rolled back from
+        ``num_computed_tokens`` (D drafts, G sampled tokens → D - (G - 1) rejected); sampled tokens are appended
+        one at a time with a stop check after each (tokens after a stop are dropped); a finished request leaves
+        the running list (or the waiting list, if it was preempted meanwhile) and its blocks go to
+        ``on_request_finished``. Prefill chunks that sample nothing produce no output. Finished ids since the
+        previous call are reported per client in ``finished_requests``; stats ride on one client's outputs.
+        """
+        return update_from_output(self, scheduler_output, model_runner_output)
+
+    def update_draft_token_ids(self, draft_token_ids: dict[str, list[int]]) -> None:
+        """Attaches the drafter's proposals to running requests that finished their prefill (others ignored);
+        they are scheduled, within the budget, in the next step and verified by its output."""
+        requests = self.requests
+        for request_id, token_ids in draft_token_ids.items():
+            request = requests.get(request_id)
+            if request is None or request.status != RequestStatus.RUNNING or request.is_prefill_chunk:
+                continue
+            request.spec_token_ids = list(token_ids)
+
+    # ------------------------------------------------------------------ queries
+    def get_num_unfinished_requests(self) -> int:
+        """Waiting + running; only running under ``PAUSED_NEW``; 0 under ``PAUSED_ALL`` (so the engine idles)."""
+        if self._pause_state == PauseState.PAUSED_ALL:
+            return 0
+        if self._pause_state == PauseState.PAUSED_NEW:
+            return len(self.running)
+        return len(self.waiting) + len(self.running)
+
+    def has_finished_requests(self) -> bool:
+        """Whether finished ids are still to be reported to the workers or the clients."""
+        return bool(self.finished_req_ids) or any(self.finished_req_ids_dict.values())
+
+    def get_request_counts(self) -> tuple[int, int]:
+        """``(num_running, num_waiting)``."""
+        return len(self.running), len(self.waiting)
+
+    def get_kv_cache_usage(self) -> float:
+        """The fraction of KV blocks in use."""
+        return self.kv_cache_manager.usage
+
+    @property
+    def pause_state(self) -> PauseState:
+        """The current pause state (see :class:`vllite.sched.PauseState`)."""
+        return self._pause_state
+
+    def set_pause_state(self, pause_state: PauseState) -> None:
+        """Sets the pause state; the next ``schedule()`` honours it."""
+        self._pause_state = PauseState(pause_state)
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Forgets every cached block hash. Fails (False) while requests hold blocks, unless
+        ``reset_running_requests``: then every running request is preempted first (reported in the next
+        ``SchedulerOutput.preempted_req_ids``) and a failure raises ``RuntimeError``."""
+        if reset_running_requests:
+            now = self.clock()
+            while self.running:
+                request = self.running.pop()
+                self._preempt_request(request, now)
+                self._preempted_between_steps.add(request.request_id)
+            self.prev_step_scheduled_req_ids = set()
+        ok = self.kv_cache_manager.reset_prefix_cache()
+        if reset_running_requests and not ok:
+            raise RuntimeError("Could not reset the prefix cache although every running request was preempted.")
+        return ok
+
+    def make_stats(self) -> SchedulerStats | None:
+        """Running / waiting counts, KV usage, prefix-cache queries and hits and preemptions since the previous
+        call; ``None`` unless stats are on."""
+        if not self.log_stats:
+            return None
+        prefix = self.kv_cache_manager.make_prefix_cache_stats()
+        num_preemptions, self._num_preemptions_since_stats = self._num_preemptions_since_stats, 0
+        return SchedulerStats(
+            num_running_reqs=len(self.running),
+            num_waiting_reqs=len(self.waiting),
+            kv_cache_usage=self.kv_cache_manager.usage,
+            prefix_cache_queries=prefix.queries if prefix else 0,
+            prefix_cache_hits=prefix.hits if prefix else 0,
+            num_preemptions=num_preemptions,
+            step_counter=self.step_counter,
         )
+
+    def shutdown(self) -> None:
+        """Nothing to release in the base scheduler; plugins that open files override it."""
+
+    def iter_requests(self) -> Iterable[Request]:
+        """Every live request (waiting, preempted or running)."""
+        return self.requests.values()
