@@ -35,14 +35,15 @@ import heapq
 import itertools
 import logging
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from vllite.request import Request, RequestStatus
 from vllite.sched import RequestQueue, Scheduler
 from vllite.schedulers.continuum_queue import ContinuumRequestQueue
 from vllite.schedulers.continuum_turns import turn_info
+from vllite.schedulers.estimators import FixedTTLEstimator, UtilityEstimator
 
 if TYPE_CHECKING:
     from vllite.config import EngineConfig
@@ -86,7 +87,22 @@ class ContinuumScheduler(Scheduler):
     Extra keyword arguments: ``estimator`` (an object, else ``scheduler_config.tool_call_estimator`` is resolved),
     ``tool_parser`` (an object with ``parse``, else ``policy_args["tool_parser"]``, default ``auto``; ``None`` or
     ``"none"`` disables parsing) and ``detokenize`` (token ids → text).
+
+    ``accepted_policy_args`` holds Continuum's own keys and those of the built-in tool-call estimators; a
+    subclass adds the keys of a third-party estimator.
     """
+
+    accepted_policy_args: ClassVar[Mapping[str, str]] = {
+        **Scheduler.accepted_policy_args,
+        **FixedTTLEstimator.accepted_policy_args,
+        **UtilityEstimator.accepted_policy_args,
+        "release_pin_on_admission": "release a job's pin when its next turn is admitted (true)",
+        "release_pins_before_preemption": "release pins before preempting a running request (true)",
+        "max_jobs": "jobs remembered at once (10000)",
+        "job_idle_timeout_s": "forget a job idle this long, in seconds (3600)",
+        "tool_parser": "registered tool-call parser name, or none (auto)",
+        "load_tokenizer": "load the model's tokenizer to parse tool calls (true)",
+    }
 
     def __init__(
         self,

@@ -20,7 +20,7 @@ import bisect
 import math
 from collections import OrderedDict, deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from vllite.request import Request
 from vllite.schedulers.continuum_turns import turn_info
@@ -76,6 +76,13 @@ class FixedTTLEstimator:
     ``policy_args``: ``fixed_ttl`` (2.0) and ``fixed_threshold`` (2.0). Memory: a running (sum, count) per tool,
     at most ``max_tools`` tools (least recently seen dropped) and ``max_jobs`` jobs in flight.
     """
+
+    accepted_policy_args: ClassVar[dict[str, str]] = {
+        "fixed_ttl": "pin duration in seconds (2.0)",
+        "fixed_threshold": "pin when the tool's mean duration is at most this many seconds (2.0)",
+        "max_tools": "tools remembered (256)",
+        "max_jobs": "jobs in flight remembered (10000)",
+    }
 
     def __init__(self, config: EngineConfig | None = None) -> None:
         args = _policy_args(config)
@@ -231,6 +238,19 @@ class UtilityEstimator:
     global CDF stands in for f's. A turn with no known tool uses the global CDF. Histories keep the last
     ``history_size`` durations per tool (``global_history_size`` overall), at most ``max_tools`` tools.
     """
+
+    accepted_policy_args: ClassVar[dict[str, str]] = {
+        "eta": "memoryfulness η (1.0)",
+        "cold_start_k": "durations needed before a history is trusted (100)",
+        "cold_start_mean_s": "mean tool time of the cold-start exponential model (1.0)",
+        "default_ttl": "TTL during the cold start instead of the exponential optimum (none)",
+        "prefill_profile": "prefill time model: coefficients or points (built-in profile)",
+        "history_size": "durations kept per tool (1000)",
+        "global_history_size": "durations kept overall (5000)",
+        "max_tools": "tools remembered (256)",
+        "queueing_window": "evicted turns averaged for the queueing delay T (100)",
+        "max_jobs": "jobs in flight remembered (10000)",
+    }
 
     def __init__(self, config: EngineConfig | None = None) -> None:
         args = _policy_args(config)

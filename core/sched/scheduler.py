@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from vllite.kv_cache import KVCacheBlocks, KVCacheManager, get_hash_fn, get_request_block_hasher
 from vllite.protocol import EngineCoreEventType, EngineCoreOutputs, SchedulerStats
@@ -20,6 +20,7 @@ from vllite.request import Request, RequestStatus
 from vllite.sched.cached_data import make_cached_request_data
 from vllite.sched.interface import PauseState, SchedulerInterface
 from vllite.sched.output import ModelRunnerOutput, NewRequestData, SchedulerOutput
+from vllite.sched.policy_args import check_policy_args
 from vllite.sched.request_queue import FCFSRequestQueue, RequestQueue
 from vllite.sched.step_state import StepState, make_step_record
 from vllite.sched.updates import update_from_output
@@ -61,6 +62,11 @@ class Scheduler(SchedulerInterface):
     scheduled in the previous step. Drafts are in ``scheduled_spec_decode_tokens``.
     """
 
+    #: The ``scheduler_config.policy_args`` keys this policy reads, each with a one-line description (and its
+    #: default). A subclass extends its parent's: ``{**Parent.accepted_policy_args, "key": "..."}``. Any other key
+    #: is a ``ValueError`` at construction. The base algorithm reads none.
+    accepted_policy_args: ClassVar[Mapping[str, str]] = {}
+
     def __init__(
         self,
         config: EngineConfig,
@@ -79,7 +85,11 @@ class Scheduler(SchedulerInterface):
         self.clock = clock
         self.max_model_len = config.model_config.max_model_len or 0
         if self.max_model_len <= 0 or sched.max_num_batched_tokens is None:
-            raise ValueError("The scheduler needs max_model_len: call config.set_max_model_len(n) first.")
+            raise ValueError(
+                "The scheduler needs a config with a concrete model_config.max_model_len and "
+                "scheduler_config.max_num_batched_tokens (the limits the engine settled on)."
+            )
+        check_policy_args(type(self).__name__, sched.policy_args, self.accepted_policy_args)
         self.max_num_running_reqs = sched.max_num_seqs
         self.max_num_scheduled_tokens = sched.max_num_batched_tokens
         self.enable_chunked_prefill = sched.enable_chunked_prefill
