@@ -32,10 +32,14 @@ def create_scheduler(
     config: EngineConfig,
     num_blocks: int,
     *,
+    sliding_window: int | None = None,
     log_stats: bool = False,
     clock: Callable[[], float] = time.monotonic,
 ) -> SchedulerInterface:
     """Builds the scheduler named by ``config.scheduler_config.scheduler_name`` (``--scheduler-cls``, else
-    ``--scheduling-policy``) over a KV cache of ``num_blocks`` blocks."""
+    ``--scheduling-policy``) over a KV cache of ``num_blocks`` blocks. ``sliding_window``: the window every
+    attention layer of the model uses (``uniform_sliding_window``), so blocks outside it are freed; ``None`` keeps
+    every block. It is passed only when set, so schedulers without the keyword still serve full attention."""
     cls = resolve_scheduler_cls(config.scheduler_config.scheduler_name)
-    return cls(config, num_blocks, log_stats=log_stats, clock=clock)  # type: ignore[call-arg]
+    window = {"sliding_window": sliding_window} if sliding_window is not None else {}
+    return cls(config, num_blocks, log_stats=log_stats, clock=clock, **window)  # type: ignore[call-arg]

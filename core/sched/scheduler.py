@@ -75,6 +75,7 @@ class Scheduler(SchedulerInterface):
         log_stats: bool = False,
         clock: Callable[[], float] = time.monotonic,
         step_observer: StepObserver | None = _FROM_PLUGINS,
+        sliding_window: int | None = None,
     ) -> None:
         sched = config.scheduler_config
         cache = config.cache_config
@@ -97,8 +98,15 @@ class Scheduler(SchedulerInterface):
         self.num_lookahead_tokens = sched.num_lookahead_tokens
         self.block_size = cache.block_size
         self.enable_caching = cache.enable_prefix_caching
+        # With a window shared by every attention layer, blocks that fall out of it return to the pool.
+        self.sliding_window = sliding_window
         self.kv_cache_manager = KVCacheManager(
-            num_blocks, self.block_size, self.max_model_len, enable_caching=self.enable_caching, log_stats=log_stats
+            num_blocks,
+            self.block_size,
+            self.max_model_len,
+            enable_caching=self.enable_caching,
+            log_stats=log_stats,
+            sliding_window=sliding_window,
         )
         self.block_hasher = (
             get_request_block_hasher(self.block_size, get_hash_fn(cache.prefix_caching_hash_algo))
