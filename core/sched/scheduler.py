@@ -98,16 +98,8 @@ class Scheduler(SchedulerInterface):
         self.num_lookahead_tokens = sched.num_lookahead_tokens
         self.block_size = cache.block_size
         self.enable_caching = cache.enable_prefix_caching
-        # With a window shared by every attention layer, blocks that fall out of it return to the pool.
         self.sliding_window = sliding_window
-        self.kv_cache_manager = KVCacheManager(
-            num_blocks,
-            self.block_size,
-            self.max_model_len,
-            enable_caching=self.enable_caching,
-            log_stats=log_stats,
-            sliding_window=sliding_window,
-        )
+        self.kv_cache_manager = self._make_kv_cache_manager(num_blocks, sliding_window)
         self.block_hasher = (
             get_request_block_hasher(self.block_size, get_hash_fn(cache.prefix_caching_hash_algo))
             if self.enable_caching
@@ -133,6 +125,17 @@ class Scheduler(SchedulerInterface):
 
             step_observer = get_hook_caller("vllite_step_observer")
         self.step_observer: StepObserver | None = step_observer
+
+    def _make_kv_cache_manager(self, num_blocks: int, sliding_window: int | None) -> KVCacheManager:
+        # With a window shared by every attention layer, blocks that fall out of it return to the pool.
+        return KVCacheManager(
+            num_blocks,
+            self.block_size,
+            self.max_model_len,
+            enable_caching=self.enable_caching,
+            log_stats=self.log_stats,
+            sliding_window=sliding_window,
+        )
 
     # ------------------------------------------------------------------ policy decisions
     def create_waiting_queue(self) -> RequestQueue:
