@@ -4,6 +4,10 @@
 (``model_config.max_model_len``, ``cache_config.block_size``, ``scheduler_config.max_num_seqs`` ...), and is
 also importable as ``VllmConfig``. One argument parser, built from the ``EngineArgs`` fields, serves both the
 CLI and ``EngineArgs.from_cli_args``.
+
+Every config is frozen: it says what the user asked for and never changes. What the engine settles on at
+start-up (the context length when the user gave none, the KV block count) is reported as an ``EngineInfo``;
+the engine's own parts read a copy made with :meth:`EngineConfig.with_limits`.
 """
 
 from __future__ import annotations
@@ -16,12 +20,13 @@ from typing import Any
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 HASH_ALGOS = ("sha256", "fast")
-SCHEDULING_POLICIES = ("fcfs", "priority")
+# Token budget per step when the user gives none (vLLM's default with chunked prefill).
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelConfig:
-    """Which model, in which precision, with how long a context."""
+    """Which model, in which precision, with how long a context (``None``: the model's own limit)."""
 
     model: str | None = None
     tokenizer: str | None = None
@@ -30,35 +35,46 @@ class ModelConfig:
     seed: int = 0
     trust_remote_code: bool = False
     skip_tokenizer_init: bool = False
-    # Filled in by the executor once the model is loaded (transformers' PretrainedConfig).
-    hf_config: Any = None
+    # "auto": default sampling parameters from the model folder's generation_config.json; "vllm": none;
+    # any other value: a folder holding a generation_config.json.
+    generation_config: str = "auto"
+
+    # transformers' config of the model folder (what vLLM plugins read as ``model_config.hf_config``): read
+    # once when the config is created, if the folder has a config.json; the executor reports a missing one.
+    hf_config: Any = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.hf_config is None and self.model and os.path.isfile(os.path.join(self.model, "config.json")):
+            from vllite.model_files import load_hf_config
+
+            hf_config = load_hf_config(self.model, trust_remote_code=self.trust_remote_code)
+            object.__setattr__(self, "hf_config", hf_config)  # part of construction, not a later mutation
 
     @property
     def hf_text_config(self) -> Any:
         return getattr(self.hf_config, "text_config", None) or self.hf_config
 
 
-@dataclass
+@dataclass(frozen=True)
 class CacheConfig:
     """The paged KV cache: block size, prefix caching, and how much memory it may take."""
 
     block_size: int = 16
     enable_prefix_caching: bool = True
     prefix_caching_hash_algo: str = "sha256"
-    num_gpu_blocks: int | None = None  # the block count actually allocated (set at start-up)
+    num_gpu_blocks: int | None = None  # the block count allocated (in the engine's copy, see with_limits)
     num_gpu_blocks_override: int | None = None
     gpu_memory_utilization: float = 0.9
     cpu_kvcache_space_gib: float | None = None  # default: VLLITE_CPU_KVCACHE_SPACE or 4 GiB
     kv_cache_dtype: str = "auto"
 
 
-@dataclass
+@dataclass(frozen=True)
 class SchedulerConfig:
     """The token-budget scheduler: budgets, chunked prefill and the policy plugin to use."""
 
     max_num_seqs: int = 128
     max_num_batched_tokens: int | None = None  # default: 2048, or max_model_len without chunked prefill
-    max_model_len: int = 0  # mirrors model_config.max_model_len once it is known
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0
     scheduler_cls: str | None = None  # registered name or class path; None = scheduling_policy
@@ -73,7 +89,7 @@ class SchedulerConfig:
         return self.scheduler_cls or self.scheduling_policy
 
 
-@dataclass
+@dataclass(frozen=True)
 class DeviceConfig:
     """Where the model runs: ``auto`` picks CUDA when available, else the CPU."""
 
@@ -88,16 +104,16 @@ class DeviceConfig:
         return "cuda" if cuda_available() else "cpu"
 
 
-@dataclass
+@dataclass(frozen=True)
 class ObservabilityConfig:
     """Stats and tracing switches."""
 
     log_stats: bool = False
 
 
-@dataclass
+@dataclass(frozen=True)
 class EngineConfig:
-    """Everything the engine parts read, grouped as in vLLM's ``VllmConfig``."""
+    """Everything the engine parts read, grouped as in vLLM's ``VllmConfig``; frozen once created."""
 
     model_config: ModelConfig = field(default_factory=ModelConfig)
     cache_config: CacheConfig = field(default_factory=CacheConfig)
@@ -109,19 +125,29 @@ class EngineConfig:
     # Free-form settings for plugins, keyed by plugin name.
     plugin_config: dict[str, Any] = field(default_factory=dict)
 
-    def set_max_model_len(self, max_model_len: int) -> None:
-        """Fixes the context length everywhere it is read, and the token budget that depends on it."""
-        self.model_config.max_model_len = max_model_len
+    def with_limits(self, max_model_len: int, num_gpu_blocks: int | None = None) -> EngineConfig:
+        """A copy with the context length and KV block count the engine settled on, and the token budget that
+        follows from them; the engine's parts (scheduler, runner, plugins) read this copy. This config is
+        unchanged. ``ValueError`` when the token budget cannot hold one full-length prompt without chunking."""
         sched = self.scheduler_config
-        sched.max_model_len = max_model_len
-        if sched.max_num_batched_tokens is None:
-            sched.max_num_batched_tokens = 2048 if sched.enable_chunked_prefill else max(2048, max_model_len)
-        if not sched.enable_chunked_prefill and sched.max_num_batched_tokens < max_model_len:
+        budget = sched.max_num_batched_tokens
+        if budget is None:
+            budget = DEFAULT_MAX_NUM_BATCHED_TOKENS
+            if not sched.enable_chunked_prefill:
+                budget = max(budget, max_model_len)
+        if not sched.enable_chunked_prefill and budget < max_model_len:
             raise ValueError(
-                f"max_num_batched_tokens ({sched.max_num_batched_tokens}) is smaller than max_model_len "
-                f"({max_model_len}) with chunked prefill disabled, so long prompts could never be scheduled. "
-                "Raise --max-num-batched-tokens, lower --max-model-len, or enable chunked prefill."
+                f"max_num_batched_tokens ({budget}) is smaller than max_model_len ({max_model_len}) with chunked "
+                "prefill disabled, so long prompts could never be scheduled. Raise --max-num-batched-tokens, "
+                "lower --max-model-len, or enable chunked prefill."
             )
+        model_config = dataclasses.replace(self.model_config, max_model_len=max_model_len)
+        return dataclasses.replace(
+            self,
+            model_config=model_config,
+            cache_config=dataclasses.replace(self.cache_config, num_gpu_blocks=num_gpu_blocks),
+            scheduler_config=dataclasses.replace(sched, max_num_batched_tokens=budget),
+        )
 
 
 VllmConfig = EngineConfig
@@ -137,6 +163,10 @@ def _json_dict(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError("must be a JSON object")
     return value
+
+
+def _names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
 
 
 def _help(text: str, **extra: Any) -> dict[str, Any]:
@@ -182,7 +212,15 @@ class EngineArgs:
     )
     batch_queue_depth: int = field(default=1, metadata=_help("Batches in flight (pipelined step if > 1)."))
     logits_processors: list[Any] | None = field(
-        default=None, metadata=_help("Extra logits processors as class paths.", nargs="*")
+        default=None,
+        metadata=_help("Extra logits processors: class paths, comma-separated (pkg.mod:A,pkg.mod:B).", cli_type=_names),
+    )
+    generation_config: str = field(
+        default="auto",
+        metadata=_help(
+            "Default sampling parameters: 'auto' reads the model's generation_config.json, 'vllm' uses "
+            "vllite's defaults, a folder path reads its generation_config.json."
+        ),
     )
     device: str = field(default="auto", metadata=_help("Device: auto, cpu, cuda, or a registered executor's."))
     executor: str = field(default="default", metadata=_help("Executor plugin name."))
@@ -205,8 +243,6 @@ class EngineArgs:
                 kwargs["default"] = None
             elif f.type in ("bool",):
                 kwargs["action"] = argparse.BooleanOptionalAction
-            elif "nargs" in f.metadata:
-                kwargs["nargs"] = f.metadata["nargs"]
             else:
                 kwargs["type"] = _cli_type(f.type)
             group.add_argument(flag, **kwargs)
@@ -216,41 +252,20 @@ class EngineArgs:
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
         names = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in vars(args).items() if k in names}
-        if kwargs.get("policy_args") is None:
-            kwargs.pop("policy_args", None)
+        for name in ("policy_args", "logits_processors"):
+            if kwargs.get(name) is None:
+                kwargs.pop(name, None)
         return cls(**kwargs)
 
     # ------------------------------------------------------------------ config
     def create_engine_config(self) -> EngineConfig:
         """Validates the arguments and groups them; raises ``ValueError`` naming the bad argument."""
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}.")
-        if self.prefix_caching_hash_algo not in HASH_ALGOS:
-            raise ValueError(
-                f"prefix_caching_hash_algo must be one of {', '.join(HASH_ALGOS)}, "
-                f"got {self.prefix_caching_hash_algo!r}."
-            )
-        _positive("block_size", self.block_size)
-        _positive("max_num_seqs", self.max_num_seqs)
-        if self.max_num_batched_tokens is not None:
-            _positive("max_num_batched_tokens", self.max_num_batched_tokens)
-        if self.max_model_len is not None:
-            _positive("max_model_len", self.max_model_len)
-        if self.long_prefill_token_threshold < 0:
-            raise ValueError(f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}.")
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.")
-        if self.scheduling_policy not in SCHEDULING_POLICIES:
-            raise ValueError(
-                f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, got {self.scheduling_policy!r}."
-            )
-        _positive("batch_queue_depth", self.batch_queue_depth)
+        self._validate()
         cpu_space = self.cpu_kvcache_space
         if cpu_space is None:
             cpu_space = float(os.environ.get("VLLITE_CPU_KVCACHE_SPACE", "4"))
         if cpu_space <= 0:
             raise ValueError(f"cpu_kvcache_space (VLLITE_CPU_KVCACHE_SPACE) must be > 0 GiB, got {cpu_space}.")
-
         from vllite.assets import default_model_path
 
         model = self.model or default_model_path()
@@ -263,6 +278,7 @@ class EngineArgs:
                 seed=self.seed,
                 trust_remote_code=self.trust_remote_code,
                 skip_tokenizer_init=self.skip_tokenizer_init,
+                generation_config=self.generation_config,
             ),
             cache_config=CacheConfig(
                 block_size=self.block_size,
@@ -290,8 +306,36 @@ class EngineArgs:
             plugin_config=dict(self.plugin_config),
         )
         if self.max_model_len is not None:
-            config.set_max_model_len(self.max_model_len)
+            config.with_limits(self.max_model_len)  # fails now, not in the engine, for an impossible token budget
         return config
+
+    def _validate(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}.")
+        if self.prefix_caching_hash_algo not in HASH_ALGOS:
+            raise ValueError(
+                f"prefix_caching_hash_algo must be one of {', '.join(HASH_ALGOS)}, "
+                f"got {self.prefix_caching_hash_algo!r}."
+            )
+        for name in ("block_size", "max_num_seqs", "batch_queue_depth"):
+            _positive(name, getattr(self, name))
+        for name in ("max_num_batched_tokens", "max_model_len"):
+            if getattr(self, name) is not None:
+                _positive(name, getattr(self, name))
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError(f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}.")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.")
+        if self.scheduler_cls is None:
+            # Policies are plugins: any registered scheduler name is a valid --scheduling-policy.
+            from vllite.plugin_manager import get_registry
+
+            policies = get_registry("schedulers")
+            if self.scheduling_policy not in policies:
+                raise ValueError(
+                    f"scheduling_policy must be a registered scheduler ({', '.join(sorted(policies))}), "
+                    f"got {self.scheduling_policy!r}."
+                )
 
 
 def _positive(name: str, value: int) -> None:

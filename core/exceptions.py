@@ -46,10 +46,6 @@ class EngineDeadError(VlliteError):
             self.__suppress_context__ = True
 
 
-class EngineGenerateError(VlliteError):
-    """A single request failed inside the engine while the engine itself stays healthy."""
-
-
 class ModelLoadError(VlliteError, ValueError):
     """A model folder is missing, incomplete (no config or tokenizer), or of an unsupported architecture."""
 

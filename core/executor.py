@@ -1,8 +1,9 @@
 """The executor interface: what the engine core calls to run the model.
 
 An executor owns the model and the KV cache. ``EngineCore`` creates it with the engine config (creation loads
-the model and fixes ``model_config.max_model_len``), asks it to size and allocate the KV cache, then calls
-``execute_model`` once per step with the scheduler's output. Executors are plugins: they are contributed
+the model and reports a ``ModelInfo``), asks it to size and allocate the KV cache (a ``KVCacheInfo``), then
+calls ``execute_model`` once per step with the scheduler's output. The config is never written to: what the
+executor learns flows back as these two values. Executors are plugins: they are contributed
 through the ``vllite_register_executors`` hook and selected with ``--executor NAME`` (or ``--device``).
 
 This module imports no torch, so ``import vllite.executor`` stays cheap.
@@ -15,6 +16,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import msgspec
+
 if TYPE_CHECKING:
     from vllite.config import EngineConfig
     from vllite.sched.output import ModelRunnerOutput, SchedulerOutput
@@ -24,12 +27,32 @@ logger = logging.getLogger(__name__)
 FailureCallback = Callable[[], None]
 
 
+class ModelInfo(msgspec.Struct, frozen=True):
+    """What loading the model settled: the context length it will run and the facts requests are checked against.
+
+    ``max_model_len`` is ``--max-model-len`` when given, else the model's own limit. ``sliding_window`` is set
+    only when every attention layer uses that window, so the KV cache may drop blocks behind it.
+    """
+
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...] = ()
+    sliding_window: int | None = None
+
+
+class KVCacheInfo(msgspec.Struct, frozen=True):
+    """The KV cache as allocated: its block count, and the context length it can hold (at most the model's)."""
+
+    num_blocks: int
+    max_model_len: int
+
+
 class Executor(ABC):
     """Runs the model for the engine core; one instance per engine core.
 
-    Life cycle: ``__init__(config)`` loads the model and fills ``config.model_config.hf_config`` and
-    ``max_model_len``; ``initialize_kv_cache()`` allocates the KV cache and returns its block count (also stored
-    in ``config.cache_config.num_gpu_blocks``); then ``execute_model(scheduler_output)`` runs once per step.
+    Life cycle: ``__init__(config)`` loads the model (``_init_executor`` returns the ``ModelInfo``, kept as
+    ``self.model_info``); ``initialize_kv_cache()`` allocates the KV cache and returns a ``KVCacheInfo``; then
+    ``execute_model(scheduler_output)`` runs once per step.
     ``execute_model`` raises when the forward pass fails; the engine turns that into an error for the caller.
 
     Subclasses implement ``_init_executor``, ``initialize_kv_cache``, ``execute_model`` and ``shutdown``; the
@@ -41,16 +64,17 @@ class Executor(ABC):
         self._failure_callbacks: list[FailureCallback] = []
         self._sleep_level = 0
         self._failed = False
-        self._init_executor()
+        self.model_info: ModelInfo = self._init_executor()
 
     # ------------------------------------------------------------------ to implement
     @abstractmethod
-    def _init_executor(self) -> None:
-        """Loads the model; fills ``config.model_config.hf_config`` and calls ``config.set_max_model_len``."""
+    def _init_executor(self) -> ModelInfo:
+        """Loads the model and returns what the engine and the frontend must know about it."""
 
     @abstractmethod
-    def initialize_kv_cache(self) -> int:
-        """Sizes and allocates the KV cache; sets and returns ``config.cache_config.num_gpu_blocks``."""
+    def initialize_kv_cache(self) -> KVCacheInfo:
+        """Sizes and allocates the KV cache. When the user gave no ``--max-model-len`` and the cache cannot hold
+        the model's full context, the context length shrinks to what fits (with a warning naming both)."""
 
     @abstractmethod
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:

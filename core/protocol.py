@@ -74,7 +74,6 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     client_index: int = 0
     priority: int = 0
     trace_headers: dict[str, str] | None = None
-    external_req_id: str | None = None
 
     @property
     def params(self) -> SamplingParams:
@@ -164,12 +163,21 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=
             self.timestamp = time.monotonic()
 
 
-class EngineCoreReadyResponse(msgspec.Struct):
-    """Sent once by the engine core at the end of start-up: the values that may differ from the request."""
+class EngineInfo(msgspec.Struct, frozen=True):
+    """What the engine settled on at start-up, reported once: in the handshake, or directly when in-process.
+
+    The frontend is built from it (requests are validated against these limits); nothing writes it back into a
+    config.
+    """
 
     max_model_len: int
     num_gpu_blocks: int
-    dp_stats_address: str | None = None
+    block_size: int
+    max_num_batched_tokens: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...] = ()
+    sliding_window: int | None = None
+    scheduler: str = ""
 
 
 class EngineShutdownState(enum.IntEnum):

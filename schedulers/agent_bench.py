@@ -95,7 +95,7 @@ class SimBackend:
         self.scheduler = self.core.scheduler
         self.executor = self.core.model_executor
         self.vocab_size = self.executor.vocab_size
-        self.num_gpu_blocks = int(config.cache_config.num_gpu_blocks or 0)
+        self.num_gpu_blocks = self.core.info.num_gpu_blocks
         self.hit_baseline = (0, 0)  # prefix-cache (queries, hits) before the replay
         self.timer = SchedulerTimer(self.scheduler)
 
@@ -147,9 +147,8 @@ class RealBackend:
         core = self.engine.engine_core.engine_core
         self.scheduler = core.scheduler
         self.timer = SchedulerTimer(self.scheduler)
-        hf = core.config.model_config.hf_text_config
-        self.vocab_size = int(getattr(hf, "vocab_size", 0) or 1000)
-        self.num_gpu_blocks = int(core.config.cache_config.num_gpu_blocks or 0)
+        self.vocab_size = core.info.vocab_size
+        self.num_gpu_blocks = core.info.num_gpu_blocks
         self.profile: list[dict[str, float]] = []
         execute = core.model_executor.execute_model
 

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vllite.executor import Executor
+from vllite.executor import Executor, KVCacheInfo, ModelInfo
 from vllite.sched.output import ModelRunnerOutput, SchedulerOutput
 
 if TYPE_CHECKING:
@@ -165,7 +165,7 @@ def step_load(scheduler_output: SchedulerOutput) -> tuple[int, int]:
 class SimExecutor(Executor):
     """Executor ``sim``: drives the real scheduler with modelled step times on a virtual clock (no model)."""
 
-    def _init_executor(self) -> None:
+    def _init_executor(self) -> ModelInfo:
         config = self.config
         settings: dict[str, Any] = dict(config.plugin_config.get("sim") or {})
         clock = settings.get("clock")
@@ -181,27 +181,26 @@ class SimExecutor(Executor):
         self.kv_cache_gib = float(settings.get("kv_cache_gib", DEFAULT_KV_CACHE_GIB))
         self.kv_bytes_per_token = int(settings.get("kv_bytes_per_token", LLAMA_8B_KV_BYTES_PER_TOKEN))
         max_model_len = config.model_config.max_model_len or int(settings.get("max_model_len", DEFAULT_MAX_MODEL_LEN))
-        config.set_max_model_len(max_model_len)
         self.num_tokens: dict[str, int] = {}  # the worker's view: prompt + outputs known per request
         self._rngs: dict[str, random.Random] = {}
         self.num_steps = 0
         self.busy_time = 0.0
+        return ModelInfo(max_model_len=max_model_len, vocab_size=self.vocab_size)
 
-    def initialize_kv_cache(self) -> int:
+    def initialize_kv_cache(self) -> KVCacheInfo:
         """Blocks from ``--num-gpu-blocks-override``, else the simulated ``kv_cache_gib`` budget."""
         cache = self.config.cache_config
         if cache.num_gpu_blocks_override is not None:
             num_blocks = int(cache.num_gpu_blocks_override)
         else:
             num_blocks = int(self.kv_cache_gib * GiB) // (self.kv_bytes_per_token * cache.block_size)
-        max_model_len = self.config.model_config.max_model_len or 0
+        max_model_len = self.model_info.max_model_len
         if num_blocks * cache.block_size < max_model_len:
             raise ValueError(
                 f"The simulated KV cache ({num_blocks} blocks of {cache.block_size}) cannot hold one request of "
                 f"max_model_len={max_model_len}; raise kv_cache_gib or num_gpu_blocks_override."
             )
-        cache.num_gpu_blocks = num_blocks
-        return num_blocks
+        return KVCacheInfo(num_blocks=num_blocks, max_model_len=max_model_len)
 
     def _sample(self, request_id: str) -> int:
         rng = self._rngs.get(request_id)

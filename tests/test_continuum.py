@@ -50,8 +50,7 @@ class ConstTTL:
 
 def build(num_blocks: int = 64, ttl: float = 5.0, estimator=None, policy_args=None, **config_kw):
     config_kw.setdefault("block_size", BS)
-    config = make_config(**config_kw)
-    config.scheduler_config.policy_args = dict(policy_args or {})
+    config = make_config(policy_args=policy_args, **config_kw)
     clock = Clock()
     est = estimator if estimator is not None else ConstTTL(ttl)
     s = ContinuumScheduler(config, num_blocks, clock=clock, step_observer=None, estimator=est, tool_parser=None)
@@ -532,6 +531,6 @@ def test_registered_and_selected_by_name(monkeypatch):
     config = make_config(scheduler_cls="continuum")
     s = create_scheduler(config, 32)
     assert isinstance(s, ContinuumScheduler) and isinstance(s.estimator, UtilityEstimator)
-    config.scheduler_config.tool_call_estimator = "fixed"
+    config = make_config(scheduler_cls="continuum", tool_call_estimator="fixed")
     assert isinstance(create_scheduler(config, 32).estimator, FixedTTLEstimator)
     assert set(plugin_manager.get_registry("tool_parsers")) >= {"auto", "bash", "openai", "hermes", "llama"}

@@ -67,14 +67,20 @@ def test_fuzz_continuum(estimator: str, release_on_admission: bool, release_befo
     rng = random.Random(7 if estimator == "utility" else 11)
     budget = 24
     num_blocks = 1 + 16
-    config = make_config(max_num_batched_tokens=budget, max_num_seqs=5, max_model_len=MAX_MODEL_LEN, block_size=BS)
-    config.scheduler_config.policy_args = {
+    policy_args = {
         "release_pin_on_admission": release_on_admission,
         "release_pins_before_preemption": release_before_preemption,
         "cold_start_k": 5,
         "prefill_profile": [0.5, 0.05, 0.0],  # reloads look expensive: pins are frequent
         "max_jobs": 50,
     }
+    config = make_config(
+        max_num_batched_tokens=budget,
+        max_num_seqs=5,
+        max_model_len=MAX_MODEL_LEN,
+        block_size=BS,
+        policy_args=policy_args,
+    )
     est = UtilityEstimator(config) if estimator == "utility" else FixedTTLEstimator(config)
     now = [0.0]
     s = ContinuumScheduler(config, num_blocks, clock=lambda: now[0], step_observer=None, estimator=est)

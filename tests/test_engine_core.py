@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllite.config import EngineConfig
+from vllite.config import CacheConfig, EngineConfig, ModelConfig
 from vllite.engine.core import EngineCore
 from vllite.engine.core_client import InprocClient
 from vllite.protocol import EngineCoreRequest, FinishReason
@@ -14,11 +14,12 @@ FAKE = "vllite.plugins.engine_proc.testing:FakeTokenExecutor"
 
 
 def make_core(**fake_options) -> EngineCore:
-    config = EngineConfig(executor=FAKE)
-    config.model_config.max_model_len = 256
-    config.cache_config.block_size = 4
-    config.cache_config.num_gpu_blocks_override = 64
-    config.plugin_config["fake_executor"] = fake_options
+    config = EngineConfig(
+        model_config=ModelConfig(max_model_len=256),
+        cache_config=CacheConfig(block_size=4, num_gpu_blocks_override=64),
+        executor=FAKE,
+        plugin_config={"fake_executor": fake_options},
+    )
     return EngineCore(config)
 
 
@@ -118,9 +119,7 @@ def test_executor_failure_surfaces_as_error():
 
 
 def test_inproc_client_utility_allow_list():
-    config = EngineConfig(executor=FAKE)
-    config.model_config.max_model_len = 128
-    client = InprocClient(config)
+    client = InprocClient(EngineConfig(model_config=ModelConfig(max_model_len=128), executor=FAKE))
     assert client.call_utility("is_scheduler_paused") is False
     with pytest.raises(ValueError, match="disallowed"):
         client.call_utility("shutdown")

@@ -19,6 +19,7 @@ import pytest
 import zmq
 
 from vllite.config import EngineArgs
+from vllite.plugins.engine_proc.io_threads import EngineStartupError
 from vllite.protocol import EngineCoreRequest, EngineCoreRequestType, FinishReason
 from vllite.sampling_params import SamplingParams
 
@@ -104,7 +105,7 @@ def test_generates_expected_tokens_and_reports_engine_facts(client, col):
     assert col.tokens["gen-a"] == expected_tokens(5, 6)
     assert col.tokens["gen-b"] == expected_tokens(9, 3)
     assert col.finish["gen-a"] == FinishReason.LENGTH
-    assert client.max_model_len == 256
+    assert client.engine_info.max_model_len == 256
     info = client.call_utility("get_engine_info")
     assert info["max_model_len"] == 256 and info["num_gpu_blocks"] == 256
 
@@ -296,7 +297,7 @@ def test_engine_side_handshake_times_out_without_a_frontend():
     dealer.setsockopt(zmq.IDENTITY, b"\x00\x00")
     dealer.connect(f"tcp://127.0.0.1:{port}")
     try:
-        with pytest.raises(RuntimeError, match="Did not receive response from front-end"):
+        with pytest.raises(EngineStartupError, match="Did not receive response from front-end"):
             EngineCoreProc.startup_handshake(dealer, timeout_s=0.2)
         identity, hello = router.recv_multipart()
         assert identity == b"\x00\x00"

@@ -17,6 +17,7 @@ import time
 import pytest
 
 from tests.test_engine_proc import Collector, expected_tokens, make_config, request
+from vllite.executor import ModelInfo
 from vllite.plugins.engine_proc.testing import FakeTokenExecutor
 
 # Far below the client's kill fallback (shutdown_timeout_s + 5 s) and the engine's 4 s socket linger.
@@ -26,12 +27,13 @@ FAST_SHUTDOWN_S = 2.0
 class SemaphoreProbeExecutor(FakeTokenExecutor):
     """Creates a named multiprocessing semaphore (as tqdm does while weights load) and records its name."""
 
-    def _init_executor(self) -> None:
-        super()._init_executor()
+    def _init_executor(self) -> ModelInfo:
+        model_info = super()._init_executor()
         probe = dict(self.config.plugin_config.get("semaphore_probe") or {})
         self._lock = multiprocessing.get_context("spawn").RLock()
         with open(probe["path"], "w") as f:
             json.dump({"name": self._lock._semlock.name, "pid": os.getpid()}, f)
+        return model_info
 
 
 def _shutdown_timed(client) -> float:

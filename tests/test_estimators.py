@@ -27,9 +27,7 @@ def turn(rid: str, job: str | None = "J", tool: str | None = None, n: int = 10, 
 
 
 def config(**policy_args):
-    c = make_config()
-    c.scheduler_config.policy_args = policy_args
-    return c
+    return make_config(policy_args=policy_args)
 
 
 def observe(est, tool: str | None, duration: float, job: str = "J", t0: float = 0.0) -> None:

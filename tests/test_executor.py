@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import sys
 from pathlib import Path
@@ -18,7 +19,9 @@ from test_executor_support import (
     single_thread,  # noqa: F401  (autouse fixture)
 )
 
+from vllite.config import DeviceConfig
 from vllite.exceptions import KVCacheMemoryError, ModelLoadError
+from vllite.executor import KVCacheInfo
 from vllite.plugins.executor.executor import DefaultExecutor
 from vllite.sampling_params import SamplingParams
 from vllite.sched.output import SchedulerOutput
@@ -179,34 +182,56 @@ def test_prompt_logprobs_per_chunk_match_hf(model_dirs: dict[str, Path]) -> None
     assert ranks.tolist() == expected_ranks.tolist()
 
 
-def test_max_model_len_and_config_are_filled(model_dirs: dict[str, Path]) -> None:
+def test_model_and_kv_cache_facts_are_reported_not_written(model_dirs: dict[str, Path]) -> None:
     cfg = make_config(model_dirs["llama"])
     ex = DefaultExecutor(cfg)
-    assert cfg.model_config.max_model_len == 256 and cfg.scheduler_config.max_model_len == 256
+    assert ex.model_info.max_model_len == 256 and ex.model_info.vocab_size == cfg.model_config.hf_config.vocab_size
     assert cfg.model_config.hf_config.model_type == "llama"
-    assert ex.initialize_kv_cache() == 64 == cfg.cache_config.num_gpu_blocks
+    assert ex.initialize_kv_cache() == KVCacheInfo(num_blocks=64, max_model_len=256)
+    assert cfg.model_config.max_model_len is None and cfg.cache_config.num_gpu_blocks is None  # unchanged
     assert ex.max_concurrent_batches == 1
-    cfg = make_config(model_dirs["llama"], max_model_len=100)
-    DefaultExecutor(cfg)
-    assert cfg.model_config.max_model_len == 100
+    assert DefaultExecutor(make_config(model_dirs["llama"], max_model_len=100)).model_info.max_model_len == 100
     with pytest.raises(ValueError, match="max_position_embeddings"):
         DefaultExecutor(make_config(model_dirs["llama"], max_model_len=257))
 
 
 def test_kv_cache_sized_from_cpu_budget(model_dirs: dict[str, Path]) -> None:
-    cfg = make_config(model_dirs["llama"], max_model_len=64)
-    cfg.cache_config.num_gpu_blocks_override = None
-    cfg.cache_config.cpu_kvcache_space_gib = 1 / 1024  # 1 MiB
+    cfg = make_config(model_dirs["llama"], max_model_len=64, num_blocks=None, cpu_kvcache_space_gib=1 / 1024)
     ex = DefaultExecutor(cfg)
     per_token = 2 * 2 * 2 * 16 * 4  # K+V, layers, kv heads, head dim, float32
-    assert ex.initialize_kv_cache() == (1 << 20) // (per_token * 4)
+    kv_cache = ex.initialize_kv_cache()
+    assert kv_cache.num_blocks == (1 << 20) // (per_token * 4)
     key_cache, _ = ex.runner.kv_caches[0]
-    assert key_cache.shape == (cfg.cache_config.num_gpu_blocks, 4, 2, 16)
-    cfg = make_config(model_dirs["llama"])
-    cfg.cache_config.num_gpu_blocks_override = None
-    cfg.cache_config.cpu_kvcache_space_gib = 8 / 2**20  # 8 KiB: not even one 256-token sequence
+    assert key_cache.shape == (kv_cache.num_blocks, 4, 2, 16)
+    # 8 KiB: 16 tokens, not one 256-token sequence. A length the user asked for is an error ...
+    tiny = {"num_blocks": None, "cpu_kvcache_space_gib": 8 / 2**20}
     with pytest.raises(KVCacheMemoryError, match="max_model_len=256"):
-        DefaultExecutor(cfg).initialize_kv_cache()
+        DefaultExecutor(make_config(model_dirs["llama"], max_model_len=256, **tiny)).initialize_kv_cache()
+
+
+def test_model_context_shrinks_to_a_small_kv_cache(model_dirs: dict[str, Path], caplog) -> None:
+    # ... while the model's own limit shrinks to what fits (3 usable blocks of 4 tokens), naming both lengths.
+    ex = DefaultExecutor(make_config(model_dirs["llama"], num_blocks=None, cpu_kvcache_space_gib=8 / 2**20))
+    with caplog.at_level("WARNING"):
+        assert ex.initialize_kv_cache() == KVCacheInfo(num_blocks=4, max_model_len=12)
+    assert "max_model_len=256" in caplog.text and "lowering max_model_len to 12" in caplog.text
+
+
+def test_engine_reports_the_shrunk_context_and_the_frontend_enforces_it(model_dirs: dict[str, Path]) -> None:
+    from vllite import LLM, SamplingParams
+
+    nine_blocks = 9 * 4 * (2 * 2 * 2 * 16 * 4) / 2**30  # GiB: 9 blocks of 4 tokens, 8 usable
+    llm = LLM(
+        str(model_dirs["llama"]), cpu_kvcache_space=nine_blocks, block_size=4, dtype="float32", skip_tokenizer_init=True
+    )
+    try:
+        assert llm.llm_engine.engine_info.max_model_len == 32
+        with pytest.raises(ValueError, match="maximum model length of 32"):
+            llm.generate([list(range(1, 40))], SamplingParams(max_tokens=2), use_tqdm=False)
+        out = llm.generate([list(range(1, 20))], SamplingParams(max_tokens=50, ignore_eos=True), use_tqdm=False)
+        assert len(out[0].outputs[0].token_ids) == 32 - 19 and out[0].outputs[0].finish_reason == "length"
+    finally:
+        llm.shutdown()
 
 
 def test_model_load_errors(tmp_path: Path, model_dirs: dict[str, Path]) -> None:
@@ -233,7 +258,7 @@ def test_model_load_errors(tmp_path: Path, model_dirs: dict[str, Path]) -> None:
 def test_dtype_choices(model_dirs: dict[str, Path]) -> None:
     ex = DefaultExecutor(make_config(model_dirs["llama"], dtype="bfloat16"))
     assert next(ex.runner.model.parameters()).dtype == torch.bfloat16
-    assert ex.initialize_kv_cache() == 64
+    assert ex.initialize_kv_cache().num_blocks == 64
     assert ex.runner.kv_caches[0][0].dtype == torch.bfloat16
     sched = ManualScheduler(4, 64)
     sched.add("x", [3, 4, 5], max_tokens=3)
@@ -337,12 +362,11 @@ def test_transformers_builds_no_attention_mask_for_our_path(
 @pytest.mark.cuda
 def test_cuda_executor_matches_hf_and_sizes_kv_from_gpu_memory(model_dirs: dict[str, Path]) -> None:
     path = model_dirs["llama"]
-    cfg = make_config(path)
-    cfg.cache_config.num_gpu_blocks_override = None
-    cfg.cache_config.gpu_memory_utilization = 0.05
-    cfg.device_config.device = "cuda"
+    cfg = dataclasses.replace(
+        make_config(path, num_blocks=None, gpu_memory_utilization=0.05), device_config=DeviceConfig(device="cuda")
+    )
     ex = DefaultExecutor(cfg)
-    num_blocks = ex.initialize_kv_cache()
+    num_blocks = ex.initialize_kv_cache().num_blocks
     assert num_blocks > 1000 and ex.runner.kv_caches[0][0].is_cuda
     sched = ManualScheduler(4, 256, chunk=5, budget=32)  # uses the first blocks only
     prompts = _prompts(16, seed=11)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -68,15 +69,18 @@ def make_model(arch: str, path: Path, seed: int = 0, **overrides: object) -> Pat
 def make_config(
     model_path: Path,
     *,
-    num_blocks: int = 64,
+    num_blocks: int | None = 64,
     block_size: int = 4,
     max_num_seqs: int = 16,
     max_model_len: int | None = None,
     dtype: str = "float32",
+    **cache: Any,
 ) -> EngineConfig:
+    """A config for executor tests; ``num_blocks=None`` sizes the KV cache from ``cache`` (e.g.
+    ``cpu_kvcache_space_gib``)."""
     return EngineConfig(
         model_config=ModelConfig(model=str(model_path), dtype=dtype, max_model_len=max_model_len, seed=0),
-        cache_config=CacheConfig(block_size=block_size, num_gpu_blocks_override=num_blocks),
+        cache_config=CacheConfig(block_size=block_size, num_gpu_blocks_override=num_blocks, **cache),
         scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs),
     )
 

@@ -7,16 +7,13 @@ import re
 
 import pytest
 
-from vllite.config import EngineConfig
+from vllite.config import ModelConfig
+from vllite.engine.frontend import engine_request_id
 from vllite.engine.input_processor import InputProcessor, extract_prompt_text
-from vllite.engine.tokenizer import (
-    apply_chat_template,
-    build_tiny_tokenizer,
-    get_tokenizer,
-    load_generation_config,
-)
+from vllite.engine.tokenizer import apply_chat_template, build_tiny_tokenizer, get_tokenizer
 from vllite.exceptions import ModelLoadError
-from vllite.protocol import EngineCoreRequest
+from vllite.model_files import load_generation_config
+from vllite.protocol import EngineCoreRequest, EngineInfo
 from vllite.sampling_params import SamplingParams
 
 CORPUS = ["hello world", "the quick brown fox jumps over the lazy dog", "héllo wörld 日本語"] * 3
@@ -39,11 +36,16 @@ def tokenizer(tokenizer_dir):
     return get_tokenizer(tokenizer_dir)
 
 
-def make_processor(tokenizer, max_model_len=32, model=None, **kw):
-    config = EngineConfig()
-    config.model_config.model = str(model) if model else None
-    config.set_max_model_len(max_model_len)
-    return InputProcessor(config, tokenizer, **kw)
+def make_processor(tokenizer, max_model_len=32, model=None, vocab_size=None, eos_token_ids=(), **kw):
+    info = EngineInfo(
+        max_model_len=max_model_len,
+        num_gpu_blocks=64,
+        block_size=16,
+        max_num_batched_tokens=2048,
+        vocab_size=vocab_size or (len(tokenizer) if tokenizer is not None else 300),
+        eos_token_ids=eos_token_ids,
+    )
+    return InputProcessor(ModelConfig(model=str(model) if model else None), info, tokenizer, **kw)
 
 
 # ---------------------------------------------------------------------------- tokenizer loading
@@ -188,18 +190,16 @@ def test_without_tokenizer_only_token_ids():
         proc.process_inputs("r", [1], SamplingParams(stop=["x"]))
 
 
-def test_model_vocab_size_wins_over_tokenizer(tokenizer):
-    proc = make_processor(tokenizer)
-    proc.model_config.hf_config = {"vocab_size": 512}
-
-    class Cfg:
-        vocab_size = 512
-        eos_token_id = 2
-
-    proc.model_config.hf_config = Cfg()
+def test_the_engines_vocab_size_bounds_token_ids(tokenizer):
+    proc = make_processor(tokenizer, vocab_size=512)  # the model's vocabulary, larger than the tokenizer's
     assert proc.process_inputs("r", [400], SamplingParams()).prompt_token_ids == [400]
     with pytest.raises(ValueError, match="512"):
         proc.process_inputs("r", [512], SamplingParams())
+
+
+def test_eos_falls_back_to_what_the_engine_reports():
+    proc = make_processor(None, eos_token_ids=(11, 12))
+    assert proc.process_inputs("r", [1], SamplingParams()).eos_token_id == 11
 
 
 # ---------------------------------------------------------------------------- params
@@ -237,21 +237,12 @@ def test_processor_chat_template(tokenizer):
 
 
 # ---------------------------------------------------------------------------- request ids
-def test_assign_request_id(tokenizer, monkeypatch):
+def test_engine_request_ids_are_unique_per_request(monkeypatch):
     monkeypatch.delenv("VLLITE_DISABLE_REQUEST_ID_RANDOMIZATION", raising=False)
-    proc = make_processor(tokenizer)
-    a = proc.process_inputs("0", [3], SamplingParams())
-    b = proc.process_inputs("0", [3], SamplingParams())
-    InputProcessor.assign_request_id(a)
-    InputProcessor.assign_request_id(b)
-    assert a.external_req_id == "0" and re.fullmatch(r"0-[0-9a-f]{8}", a.request_id)
-    assert a.request_id != b.request_id
-    with pytest.raises(ValueError, match="external_req_id field should not be set"):
-        InputProcessor.assign_request_id(a)
+    a, b = engine_request_id("0"), engine_request_id("0")
+    assert re.fullmatch(r"0-[0-9a-f]{8}", a) and a != b
 
 
-def test_assign_request_id_without_randomization(tokenizer, monkeypatch):
+def test_engine_request_id_without_randomization(monkeypatch):
     monkeypatch.setenv("VLLITE_DISABLE_REQUEST_ID_RANDOMIZATION", "1")
-    req = make_processor(tokenizer).process_inputs("7", [3], SamplingParams())
-    InputProcessor.assign_request_id(req)
-    assert req.request_id == req.external_req_id == "7"
+    assert engine_request_id("7") == "7"

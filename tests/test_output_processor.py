@@ -31,10 +31,8 @@ def tok():
     return build_tiny_tokenizer(CORPUS, vocab_size=320)
 
 
-def request(rid="r", params=None, prompt_ids=(5, 6, 7), external=None) -> EngineCoreRequest:
-    req = EngineCoreRequest(rid, list(prompt_ids), params or SamplingParams(), EOS, 0.0)
-    req.external_req_id = external or rid
-    return req
+def request(rid="r", params=None, prompt_ids=(5, 6, 7)) -> EngineCoreRequest:
+    return EngineCoreRequest(rid, list(prompt_ids), params or SamplingParams(), EOS, 0.0)
 
 
 def step(proc, rid, ids, finish=None, **kw):
@@ -167,7 +165,7 @@ def test_special_tokens_kept_when_asked(tok):
 # ---------------------------------------------------------------------------- output kinds
 def test_cumulative_outputs(tok):
     proc = OutputProcessor(tok)
-    proc.add_request(request("int-1", external="ext"), "the prompt")
+    proc.add_request(request("int-1"), "the prompt", external_req_id="ext")
     ids = tok.encode("hello world")
     first = step(proc, "int-1", ids[:1]).request_outputs[0]
     second = step(proc, "int-1", ids[1:], FinishReason.LENGTH).request_outputs[0]
@@ -284,24 +282,24 @@ def test_prompt_logprobs_over_chunks(tok):
 
 # ---------------------------------------------------------------------------- n > 1
 def parent_with_children(proc, n, kind, seed=None):
-    req = request("p-1", SamplingParams(n=n, output_kind=kind, seed=seed), external="0")
-    parent = ParentRequest(req)
+    req = request("p-1", SamplingParams(n=n, output_kind=kind, seed=seed))
+    parent = ParentRequest(req, "0")
     ids = []
     for i in range(n):
         child_id, child_params = parent.get_child_info(i)
-        child = request(child_id, child_params, external="0")
+        child = request(child_id, child_params)
         proc.add_request(child, "prompt", parent, i)
         ids.append(child_id)
     return parent, ids
 
 
 def test_parent_child_ids_and_seeds():
-    parent = ParentRequest(request("p", SamplingParams(n=3, seed=10)))
+    parent = ParentRequest(request("p", SamplingParams(n=3, seed=10)), "user-id")
     infos = [parent.get_child_info(i) for i in range(3)]
-    assert [i for i, _ in infos] == ["0_p", "1_p", "2_p"]
+    assert [i for i, _ in infos] == ["p-0", "p-1", "p-2"]
     assert [p.seed for _, p in infos] == [10, 11, 12] and all(p.n == 1 for _, p in infos)
     assert parent.sampling_params.n == 3 and parent.sampling_params.seed == 10
-    unseeded = ParentRequest(request("q", SamplingParams(n=2)))
+    unseeded = ParentRequest(request("q", SamplingParams(n=2)), "q")
     a, b = unseeded.get_child_info(0)[1], unseeded.get_child_info(1)[1]
     assert a is b and a.n == 1 and a.seed is None
     with pytest.raises(IndexError):

@@ -14,9 +14,9 @@ from vllite.protocol import (
     EngineCoreEventType,
     EngineCoreOutput,
     EngineCoreOutputs,
-    EngineCoreReadyResponse,
     EngineCoreRequest,
     EngineCoreRequestType,
+    EngineInfo,
     EngineShutdownState,
     FinishReason,
     LogprobsLists,
@@ -94,9 +94,20 @@ def test_gc_untracked():
         assert not gc.is_tracked(obj)
 
 
-def test_ready_response_is_a_map():
-    raw = msgspec.msgpack.encode(EngineCoreReadyResponse(max_model_len=10, num_gpu_blocks=4))
-    assert msgspec.msgpack.decode(raw) == {"max_model_len": 10, "num_gpu_blocks": 4, "dp_stats_address": None}
+def test_engine_info_round_trips_and_is_immutable():
+    info = EngineInfo(
+        max_model_len=10,
+        num_gpu_blocks=4,
+        block_size=16,
+        max_num_batched_tokens=2048,
+        vocab_size=300,
+        eos_token_ids=(2, 7),
+        sliding_window=None,
+        scheduler="Scheduler",
+    )
+    assert wire(info, EngineInfo) == info
+    with pytest.raises(AttributeError):
+        info.max_model_len = 20  # type: ignore[misc]
 
 
 def test_roundtrip_engine_core_request_with_full_params():
@@ -127,7 +138,6 @@ def test_roundtrip_engine_core_request_with_full_params():
         client_index=1,
         priority=-3,
         trace_headers={"a": "b"},
-        external_req_id="r",
     )
     out = wire(req, EngineCoreRequest)
     assert out == req

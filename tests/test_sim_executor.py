@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from vllite.config import EngineConfig
+from vllite.config import CacheConfig, EngineConfig, SchedulerConfig
 from vllite.engine.core import EngineCore
 from vllite.protocol import EngineCoreRequest
 from vllite.sampling_params import SamplingParams
@@ -19,13 +19,15 @@ from vllite.schedulers.sim_executor import (
 )
 
 
-def _config(**sim: object) -> EngineConfig:
-    config = EngineConfig()
-    config.executor = "sim"
-    config.cache_config.block_size = 16
-    config.scheduler_config.max_num_batched_tokens = 64
-    config.plugin_config["sim"] = dict(sim)
-    return config
+def _config(
+    num_gpu_blocks_override: int | None = None, max_num_batched_tokens: int = 64, **sim: object
+) -> EngineConfig:
+    return EngineConfig(
+        cache_config=CacheConfig(block_size=16, num_gpu_blocks_override=num_gpu_blocks_override),
+        scheduler_config=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens),
+        executor="sim",
+        plugin_config={"sim": dict(sim)},
+    )
 
 
 def _request(request_id: str, prompt: list[int], max_tokens: int, at: float = 0.0) -> EngineCoreRequest:
@@ -84,13 +86,12 @@ def test_cost_model_fit_clamps_negative_terms(tmp_path):
 def test_sim_executor_drives_the_real_scheduler_on_the_virtual_clock():
     clock = SimClock()
     cost = {"fixed_s": 0.01, "per_token_s": 0.001, "per_context_token_s": 0.0001}
-    config = _config(clock=clock, cost=cost, max_model_len=512)
-    config.cache_config.num_gpu_blocks_override = 64
+    config = _config(clock=clock, cost=cost, max_model_len=512, num_gpu_blocks_override=64)
     core = EngineCore(config)  # executor resolved by name: the plugin is registered
     assert isinstance(core.model_executor, SimExecutor)
     assert core.scheduler.clock is clock  # the scheduler shares the executor's virtual clock
-    assert config.model_config.max_model_len == 512
-    assert config.cache_config.num_gpu_blocks == 64
+    assert core.info.max_model_len == 512 and core.info.num_gpu_blocks == 64
+    assert config.model_config.max_model_len is None  # what the engine settled on is reported, not written back
     core.add_request(_request("a", list(range(100)), max_tokens=5))
     core.add_request(_request("b", list(range(50, 90)), max_tokens=3))
     # Step 1: token budget 64 -> "a" gets a 64-token prefill chunk, "b" waits.
@@ -108,9 +109,7 @@ def test_sim_executor_drives_the_real_scheduler_on_the_virtual_clock():
 
 def test_sim_tokens_are_reproducible_and_preemption_is_handled():
     def run(num_blocks: int) -> tuple[dict[str, list[int]], int]:
-        config = _config(max_model_len=256, seed=7)
-        config.cache_config.num_gpu_blocks_override = num_blocks
-        config.scheduler_config.max_num_batched_tokens = 256
+        config = _config(max_model_len=256, seed=7, num_gpu_blocks_override=num_blocks, max_num_batched_tokens=256)
         core = EngineCore(config)
         for i in range(6):
             core.add_request(_request(f"r{i}", [i] * 60 + list(range(40)), max_tokens=40))
@@ -128,9 +127,8 @@ def test_sim_tokens_are_reproducible_and_preemption_is_handled():
 def test_kv_budget_from_simulated_memory_and_too_small_budget():
     config = _config(kv_cache_gib=1.0, max_model_len=4096)
     executor = SimExecutor(config)
-    assert executor.initialize_kv_cache() == (1 << 30) // (LLAMA_8B_KV_BYTES_PER_TOKEN * 16)
-    config = _config(max_model_len=4096)
-    config.cache_config.num_gpu_blocks_override = 10
+    assert executor.initialize_kv_cache().num_blocks == (1 << 30) // (LLAMA_8B_KV_BYTES_PER_TOKEN * 16)
+    config = _config(max_model_len=4096, num_gpu_blocks_override=10)
     with pytest.raises(ValueError, match="cannot hold one request"):
         SimExecutor(config).initialize_kv_cache()
     with pytest.raises(TypeError):
@@ -138,9 +136,7 @@ def test_kv_budget_from_simulated_memory_and_too_small_budget():
 
 
 def test_step_load_counts_context_of_new_and_running_requests():
-    config = _config(max_model_len=512)
-    config.cache_config.num_gpu_blocks_override = 64
-    core = EngineCore(config)
+    core = EngineCore(_config(max_model_len=512, num_gpu_blocks_override=64))
     core.add_request(_request("a", list(range(30)), max_tokens=4))
     so = core.scheduler.schedule()
     assert step_load(so) == (30, 30)

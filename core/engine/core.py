@@ -1,21 +1,27 @@
-"""``EngineCore``: the in-process schedule → execute → update loop.
+"""``EngineCore``: the schedule → execute → update loop, and the engine's pause and sleep semantics.
 
 The engine core owns the executor (which owns the model and the KV cache) and the scheduler (which owns the
-KV-cache manager). ``step()`` runs one iteration and returns the outputs per client index. The multiprocess
-engine (``vllite.plugins.engine_proc``) wraps exactly this class behind ZMQ.
+KV-cache manager). ``step()`` runs one iteration and returns the outputs per client index. It reports what it
+settled on at start-up as an ``EngineInfo``. The multiprocess engine (``vllite.plugins.engine_proc``) holds
+one of these and feeds it from its I/O threads; in-process, the caller steps it directly. Pause and sleep
+mean the same in both: a call that must wait for the engine to drain returns a ``Future`` completed by the
+step that drains it.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Literal
 
+import msgspec
+
 from vllite.config import EngineConfig
-from vllite.protocol import EngineCoreOutputs, EngineCoreRequest
+from vllite.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, EngineInfo, FinishReason
 from vllite.request import Request, RequestStatus
+from vllite.sched import PauseState, create_scheduler
 from vllite.sched.output import ModelRunnerOutput, SchedulerOutput
 
 logger = logging.getLogger(__name__)
@@ -37,25 +43,34 @@ def resolve_executor_class(config: EngineConfig) -> type:
 
 
 class EngineCore:
-    """One engine: an executor and a scheduler, stepped by the caller (in-process) or a busy loop (process)."""
+    """One engine: an executor and a scheduler, stepped by the caller (in-process) or a busy loop (process).
+
+    ``self.config`` is the caller's config with the limits the engine settled on (``EngineConfig.with_limits``);
+    ``self.info`` reports them. Requests that end outside a step (a pause that aborts them) get their finish
+    outputs with the next ``step()``.
+    """
 
     def __init__(self, config: EngineConfig, *, executor_class: type | None = None, log_stats: bool | None = None):
-        from vllite.sched import PauseState, create_scheduler
-
-        self.config = config
         self.log_stats = config.observability_config.log_stats if log_stats is None else log_stats
         executor_class = executor_class or resolve_executor_class(config)
         self.model_executor = executor_class(config)
         try:
-            num_blocks = self.model_executor.initialize_kv_cache()
+            self.info, self.config = self._settle_limits(config)
             # An executor with its own clock (the simulated one: virtual time) shares it with the scheduler.
             clock = getattr(self.model_executor, "clock", None)
-            clock_kwargs = {"clock": clock} if callable(clock) else {}
-            self.scheduler = create_scheduler(config, num_blocks, log_stats=self.log_stats, **clock_kwargs)
+            self.scheduler = create_scheduler(
+                self.config,
+                self.info.num_gpu_blocks,
+                sliding_window=self.info.sliding_window,
+                log_stats=self.log_stats,
+                **({"clock": clock} if callable(clock) else {}),
+            )
         except Exception:
             self.model_executor.shutdown()
             raise
-        self._pause_state_cls = PauseState
+        self.info = msgspec.structs.replace(self.info, scheduler=type(self.scheduler).__name__)
+        self._pending_finishes: list[Request] = []
+        self._drain_waiters: list[Future] = []
         self.batch_queue_size = max(1, config.scheduler_config.batch_queue_depth)
         self.batch_queue: deque[tuple[Future, SchedulerOutput]] | None = (
             deque(maxlen=self.batch_queue_size) if self.batch_queue_size > 1 else None
@@ -65,10 +80,25 @@ class EngineCore:
         logger.info(
             "Engine core ready: model=%s max_model_len=%d kv_blocks=%d scheduler=%s",
             config.model_config.model,
-            config.model_config.max_model_len,
-            num_blocks,
-            type(self.scheduler).__name__,
+            self.info.max_model_len,
+            self.info.num_gpu_blocks,
+            self.info.scheduler,
         )
+
+    def _settle_limits(self, config: EngineConfig) -> tuple[EngineInfo, EngineConfig]:
+        model_info = self.model_executor.model_info
+        kv_cache = self.model_executor.initialize_kv_cache()
+        engine_config = config.with_limits(kv_cache.max_model_len, kv_cache.num_blocks)
+        info = EngineInfo(
+            max_model_len=kv_cache.max_model_len,
+            num_gpu_blocks=kv_cache.num_blocks,
+            block_size=config.cache_config.block_size,
+            max_num_batched_tokens=engine_config.scheduler_config.max_num_batched_tokens or 0,
+            vocab_size=model_info.vocab_size,
+            eos_token_ids=model_info.eos_token_ids,
+            sliding_window=model_info.sliding_window,
+        )
+        return info, engine_config
 
     # ------------------------------------------------------------------ requests
     def preprocess_add_request(self, request: EngineCoreRequest) -> Request:
@@ -83,7 +113,21 @@ class EngineCore:
         self.scheduler.add_request(request)
 
     def abort_requests(self, request_ids: list[str]) -> None:
+        """Aborts requests the client gave up on (it already knows: no finish output is sent)."""
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
+    def abort_all_requests(self) -> dict[int, EngineCoreOutputs]:
+        """Aborts every request in the engine and returns their ABORT finish outputs, per client."""
+        return _finish_outputs(self.scheduler.finish_requests(None, RequestStatus.FINISHED_ABORTED) or [])
+
+    def has_work(self) -> bool:
+        """Whether ``step()`` has anything to do: requests to run, batches in flight, outputs or waiters due."""
+        return (
+            self.scheduler.has_requests()
+            or bool(self.batch_queue)
+            or bool(self._pending_finishes)
+            or bool(self._drain_waiters)
+        )
 
     # ------------------------------------------------------------------ stepping
     def _execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
@@ -97,12 +141,12 @@ class EngineCore:
     def step(self) -> tuple[dict[int, EngineCoreOutputs], bool]:
         """Schedules one batch, runs it, and returns ``({client_index: outputs}, model_executed)``."""
         if not self.scheduler.has_requests():
-            return {}, False
+            return self._end_step({}), False
         scheduler_output = self.scheduler.schedule()
         model_output = self._execute(scheduler_output)
         outputs = self.scheduler.update_from_output(scheduler_output, model_output)
         self._after_execute(model_output)
-        return outputs, scheduler_output.total_num_scheduled_tokens > 0
+        return self._end_step(outputs), scheduler_output.total_num_scheduled_tokens > 0
 
     def step_with_batch_queue(self) -> tuple[dict[int, EngineCoreOutputs] | None, bool]:
         """Pipelined step: schedule the next batch while the previous one still executes.
@@ -127,51 +171,90 @@ class EngineCore:
             if model_executed and len(self.batch_queue) < self.batch_queue_size and not self.batch_queue[-1][0].done():
                 return None, True
         if not self.batch_queue:
-            return None, model_executed
+            return self._end_step({}), model_executed
         future, scheduler_output = self.batch_queue.pop()
         model_output = future.result()
         outputs = self.scheduler.update_from_output(scheduler_output, model_output)
         self._after_execute(model_output)
-        return outputs, model_executed
+        return self._end_step(outputs), model_executed
 
-    # ------------------------------------------------------------------ utilities (also reachable over RPC)
-    def pause_scheduler(self, mode: PauseMode = "abort") -> None:
-        """Stops scheduling. ``abort`` aborts everything in flight; ``keep`` freezes requests until resumed.
+    def _end_step(self, outputs: dict[int, EngineCoreOutputs]) -> dict[int, EngineCoreOutputs]:
+        """Adds the finish outputs of requests ended between steps, and completes drain waiters once drained."""
+        if self._pending_finishes:
+            for client_index, extra in _finish_outputs(self._pending_finishes).items():
+                merged = outputs.setdefault(client_index, EngineCoreOutputs())
+                merged.outputs.extend(extra.outputs)
+                merged.finished_requests = (merged.finished_requests or set()) | (extra.finished_requests or set())
+            self._pending_finishes = []
+        if self._drain_waiters and not self.scheduler.has_unfinished_requests() and not self.batch_queue:
+            waiters, self._drain_waiters = self._drain_waiters, []
+            for waiter in waiters:
+                waiter.set_result(None)
+        return outputs
 
-        (``wait`` — finish in-flight requests first — needs a busy loop and is implemented by the process engine.)
+    # ------------------------------------------------------------------ pause / sleep (also reachable over RPC)
+    def pause_scheduler(self, mode: PauseMode = "abort", clear_cache: bool = True) -> Future | None:
+        """Stops scheduling, as vLLM's ``pause_generation``.
+
+        ``abort``: abort everything in flight (each request finishes with ABORT); ``wait``: admit nothing new
+        and let running requests finish; ``keep``: freeze every request in place until resumed. Returns
+        ``None`` when the engine is paused already, else a ``Future`` that the step draining the engine completes
+        (only ``wait`` has to drain). ``clear_cache`` resets the prefix cache once paused.
         """
-        if mode not in ("abort", "keep", "wait"):
-            raise ValueError(f"pause mode must be 'abort', 'wait' or 'keep', got {mode!r}.")
+        if mode not in ("abort", "wait", "keep"):
+            raise ValueError(f"Invalid pause mode: {mode!r} (expected 'abort', 'wait' or 'keep').")
         if mode == "abort":
-            self.scheduler.finish_requests(None, RequestStatus.FINISHED_ABORTED)
-        if mode == "wait":
-            self.scheduler.set_pause_state(self._pause_state_cls.PAUSED_NEW)
-        else:
-            self.scheduler.set_pause_state(self._pause_state_cls.PAUSED_ALL)
+            self._pending_finishes.extend(self.scheduler.finish_requests(None, RequestStatus.FINISHED_ABORTED) or [])
+        self.scheduler.set_pause_state(PauseState.PAUSED_ALL if mode == "keep" else PauseState.PAUSED_NEW)
+        after_pause = self._reset_prefix_cache_quietly if clear_cache else None
+        if mode == "keep" or (not self.scheduler.has_unfinished_requests() and not self.batch_queue):
+            return _then(None, after_pause)
+        drained: Future = Future()
+        self._drain_waiters.append(drained)
+        return _then(drained, after_pause)
 
     def resume_scheduler(self) -> None:
-        self.scheduler.set_pause_state(self._pause_state_cls.UNPAUSED)
+        self.scheduler.set_pause_state(PauseState.UNPAUSED)
 
     def is_scheduler_paused(self) -> bool:
-        return self.scheduler.pause_state != self._pause_state_cls.UNPAUSED
+        return self.scheduler.pause_state != PauseState.UNPAUSED
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         return self.scheduler.reset_prefix_cache(reset_running_requests=reset_running_requests)
 
-    def sleep(self, level: int = 1) -> None:
-        if level not in (1, 2):
-            raise ValueError(f"sleep level must be 1 or 2, got {level!r}.")
-        if self.scheduler.has_unfinished_requests():
-            raise RuntimeError("Cannot sleep while requests are in flight; pause the engine first.")
-        self.reset_prefix_cache()
+    def _reset_prefix_cache_quietly(self) -> None:
+        if not self.reset_prefix_cache(False):
+            logger.info("Prefix cache not reset: requests still hold blocks (paused with mode='keep').")
+
+    def sleep(self, level: int = 1, mode: PauseMode = "abort") -> Future | None:
+        """Pauses (``mode``, as ``pause_scheduler``), then frees memory: level 0 only pauses, 1 offloads the
+        weights and discards the KV cache, 2 discards both. Requests kept frozen (``keep``) recompute their KV
+        after ``wake_up``. Returns ``None`` once asleep, or a ``Future`` completed when the engine has drained
+        and slept."""
+        if level not in (0, 1, 2):
+            raise ValueError(f"sleep level must be 0, 1 or 2, got {level!r}.")
+        paused = self.pause_scheduler(mode, clear_cache=False)
+        if level == 0:
+            return paused
+        return _then(paused, lambda: self._sleep_executor(level))
+
+    def _sleep_executor(self, level: int) -> None:
+        self.scheduler.reset_prefix_cache(reset_running_requests=True)  # the KV cache is about to go
         self.model_executor.sleep(level)
 
     def wake_up(self, tags: list[str] | None = None) -> None:
-        self.model_executor.wake_up(tags)
+        """Restores what ``sleep`` freed (``tags`` select parts; ``["scheduling"]`` alone only resumes), then
+        resumes scheduling."""
+        if tags is not None and "scheduling" in tags:
+            tags = [t for t in tags if t != "scheduling"]
+        if tags is None or tags:
+            self.model_executor.wake_up(tags)
+        self.resume_scheduler()
 
     def is_sleeping(self) -> bool:
         return bool(self.model_executor.is_sleeping)
 
+    # ------------------------------------------------------------------ facts (also reachable over RPC)
     def get_request_counts(self) -> tuple[int, int]:
         return self.scheduler.get_request_counts()
 
@@ -183,12 +266,7 @@ class EngineCore:
         return stats.kv_cache_usage if stats is not None else self.scheduler.kv_cache_manager.usage
 
     def get_engine_info(self) -> dict[str, Any]:
-        return {
-            "max_model_len": self.config.model_config.max_model_len,
-            "num_gpu_blocks": self.config.cache_config.num_gpu_blocks,
-            "scheduler": type(self.scheduler).__name__,
-            "time": time.time(),
-        }
+        return msgspec.structs.asdict(self.info)
 
     def shutdown(self) -> None:
         if self._executor_pool is not None:
@@ -200,3 +278,34 @@ class EngineCore:
         executor = getattr(self, "model_executor", None)
         if executor is not None:
             executor.shutdown()
+
+
+def _finish_outputs(requests: list[Request]) -> dict[int, EngineCoreOutputs]:
+    """ABORT finish outputs for requests ended outside a step, grouped by client."""
+    by_client: dict[int, EngineCoreOutputs] = {}
+    for request in requests:
+        outputs = by_client.setdefault(request.client_index, EngineCoreOutputs(finished_requests=set()))
+        outputs.outputs.append(EngineCoreOutput(request.request_id, [], finish_reason=FinishReason.ABORT))
+        assert outputs.finished_requests is not None
+        outputs.finished_requests.add(request.request_id)
+    return by_client
+
+
+def _then(future: Future | None, action: Callable[[], None] | None) -> Future | None:
+    """Runs ``action`` once ``future`` completes (at once when it is ``None``), passing failures on."""
+    if action is None or future is None:
+        if action is not None:
+            action()
+        return future
+    chained: Future = Future()
+
+    def run(done: Future) -> None:
+        try:
+            done.result()
+            action()
+            chained.set_result(None)
+        except Exception as exc:
+            chained.set_exception(exc)
+
+    future.add_done_callback(run)
+    return chained

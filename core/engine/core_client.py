@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
+from collections import deque
+from concurrent.futures import Future
 from typing import Any
 
 from vllite.config import EngineConfig
-from vllite.protocol import EngineCoreOutputs, EngineCoreRequest
+from vllite.protocol import EngineCoreOutputs, EngineCoreRequest, EngineInfo
 
 # Engine-core methods a client may call by name (the process engine refuses everything else over RPC).
 UTILITY_METHODS = frozenset(
@@ -33,7 +35,12 @@ UTILITY_METHODS = frozenset(
 
 
 class EngineCoreClient(ABC):
-    """The frontend's handle on an engine core; every call is safe to make from one frontend thread."""
+    """The frontend's handle on an engine core; every call is safe to make from one frontend thread.
+
+    ``engine_info`` is what the engine reported when it started (its limits and the model's facts).
+    """
+
+    engine_info: EngineInfo
 
     @abstractmethod
     def add_request(self, request: EngineCoreRequest) -> None:
@@ -55,16 +62,13 @@ class EngineCoreClient(ABC):
     def shutdown(self) -> None:
         """Stops the engine core and frees its resources; idempotent."""
 
-    @property
-    def max_model_len(self) -> int | None:
-        return None
-
     # Convenience wrappers over call_utility, with vLLM's names.
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         return self.call_utility("reset_prefix_cache", reset_running_requests)
 
-    def pause_scheduler(self, mode: str = "abort") -> None:
-        self.call_utility("pause_scheduler", mode)
+    def pause_scheduler(self, mode: str = "abort", clear_cache: bool = True) -> None:
+        """Pauses scheduling (``abort``, ``wait`` or ``keep``); returns once the engine is paused."""
+        self.call_utility("pause_scheduler", mode, clear_cache)
 
     def resume_scheduler(self) -> None:
         self.call_utility("resume_scheduler")
@@ -72,8 +76,9 @@ class EngineCoreClient(ABC):
     def is_scheduler_paused(self) -> bool:
         return self.call_utility("is_scheduler_paused")
 
-    def sleep(self, level: int = 1) -> None:
-        self.call_utility("sleep", level)
+    def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        """Pauses (``mode``) and frees memory (``level``); returns once the engine sleeps."""
+        self.call_utility("sleep", level, mode)
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         self.call_utility("wake_up", tags)
@@ -83,22 +88,29 @@ class EngineCoreClient(ABC):
 
 
 class InprocClient(EngineCoreClient):
-    """Runs the engine core in the caller's thread: ``get_output()`` is one engine step."""
+    """Runs the engine core in the caller's thread: ``get_output()`` is one engine step.
+
+    A utility call that must wait for the engine (pause ``wait``, sleep) steps it until done, keeping the
+    outputs those steps produce for the following ``get_output()`` calls, so nothing is lost or reordered.
+    """
 
     def __init__(self, config: EngineConfig, *, log_stats: bool | None = None) -> None:
         from vllite.engine.core import EngineCore
 
         self.engine_core = EngineCore(config, log_stats=log_stats)
+        self.engine_info = self.engine_core.info
+        self._stepped_outputs: deque[EngineCoreOutputs] = deque()
         self._closed = False
-
-    @property
-    def max_model_len(self) -> int | None:
-        return self.engine_core.config.model_config.max_model_len
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self.engine_core.add_request(request)
 
     def get_output(self) -> EngineCoreOutputs:
+        if self._stepped_outputs:
+            return self._stepped_outputs.popleft()
+        return self._step()
+
+    def _step(self) -> EngineCoreOutputs:
         outputs, _ = self.engine_core.step_fn()
         return (outputs or {}).get(0) or EngineCoreOutputs()
 
@@ -111,7 +123,14 @@ class InprocClient(EngineCoreClient):
             raise ValueError(
                 f"Unknown or disallowed engine utility {method!r}; allowed: {', '.join(sorted(UTILITY_METHODS))}."
             )
-        return getattr(self.engine_core, method)(*args)
+        result = getattr(self.engine_core, method)(*args)
+        if isinstance(result, Future):
+            while not result.done():
+                outputs = self._step()
+                if outputs.outputs or outputs.finished_requests:
+                    self._stepped_outputs.append(outputs)
+            return result.result()
+        return result
 
     def shutdown(self) -> None:
         if not self._closed:

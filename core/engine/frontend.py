@@ -1,68 +1,104 @@
 """The request side shared by ``LLMEngine`` and ``AsyncLLM``: tokenizer, validation, fan-out, output state.
 
-Both frontends turn a prompt into ``EngineCoreRequest``s the same way — tokenize and validate, run every loaded
-logits processor's ``validate_params``, give the request a unique internal id, fan ``n > 1`` out into child
-requests — and register them with one ``OutputProcessor``. They differ only in how they talk to the engine
-(blocking calls or ``await``), so that is all they keep for themselves.
+Both frontends turn a prompt into ``EngineCoreRequest``s the same way — tokenize and validate against what the
+engine reported, run every loaded logits processor's ``validate_params``, give the request its engine id, fan
+``n > 1`` out into child requests — and register them with one ``OutputProcessor``. They differ only in how they
+talk to the engine (blocking calls or ``await``), so that is all they keep for themselves.
+
+Request ids: the caller's id (``RequestOutput.request_id``; need not be unique) and the engine id the frontend
+gives each request, ``f"{request_id}-{8 hex digits}"`` (``VLLITE_DISABLE_REQUEST_ID_RANDOMIZATION=1``: the
+caller's id as is); the children of ``n > 1`` are ``f"{engine_id}-{index}"``.
 """
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Mapping
+import uuid
 from typing import Any
 
 import msgspec
 
-from vllite.config import EngineConfig
-from vllite.protocol import EngineCoreRequest
+from vllite.config import EngineConfig, ModelConfig
+from vllite.engine.input_processor import PromptType
+from vllite.protocol import EngineCoreRequest, EngineInfo
 from vllite.sampling_params import SamplingParams
 
-PromptType = str | Mapping[str, Any] | list[int]
+DISABLE_ID_RANDOMIZATION_ENV = "VLLITE_DISABLE_REQUEST_ID_RANDOMIZATION"
+# generation_config.json fields that become default sampling parameters (vLLM's ``--generation-config auto``).
+GENERATION_CONFIG_SAMPLING_FIELDS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "max_new_tokens": "max_tokens",
+}
+
+
+def load_frontend_parts(config: EngineConfig) -> tuple[Any, list[type]]:
+    """The tokenizer and the logits-processor classes, loaded before an engine starts: a broken plugin or a
+    model folder without a tokenizer fails here, before a process is spawned."""
+    from vllite.engine.tokenizer import get_tokenizer
+    from vllite.logits_processor import load_logitsprocs_classes
+
+    model_config = config.model_config
+    tokenizer = (
+        None
+        if model_config.skip_tokenizer_init
+        else get_tokenizer(
+            model_config.tokenizer or model_config.model, trust_remote_code=model_config.trust_remote_code
+        )
+    )
+    return tokenizer, load_logitsprocs_classes(config)
+
+
+def engine_request_id(request_id: str) -> str:
+    """The engine id of a request: unique even when callers reuse ``request_id``."""
+    if os.environ.get(DISABLE_ID_RANDOMIZATION_ENV, "0") not in ("", "0", "false", "False"):
+        return request_id
+    return f"{request_id}-{uuid.uuid4().hex[:8]}"
+
+
+def default_sampling_fields(model_config: ModelConfig) -> dict[str, Any]:
+    """The sampling defaults the model's generation config sets (``--generation-config``: ``auto`` = the model
+    folder, ``vllm`` = none, else a folder), as ``SamplingParams`` keyword arguments."""
+    from vllite.model_files import load_generation_config
+
+    source = model_config.generation_config
+    if source == "vllm":
+        return {}
+    values = load_generation_config(model_config.model if source == "auto" else source)
+    return {name: values[key] for key, name in GENERATION_CONFIG_SAMPLING_FIELDS.items() if values.get(key) is not None}
 
 
 class Frontend:
-    """Prepares requests for the engine core and keeps their output state.
+    """Prepares requests for the engine core and keeps their output state; built once the engine has started,
+    from the config, the engine's ``EngineInfo`` and the parts :func:`load_frontend_parts` loaded."""
 
-    Build it before the engine client (it loads the tokenizer and the logits-processor classes, so a broken
-    plugin or a model folder without a tokenizer fails before a process is started), then call
-    :meth:`attach_engine` with the client so the limits the engine settled on (``max_model_len``) are used.
-    """
-
-    def __init__(self, config: EngineConfig, *, log_stats: bool = False) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        engine_info: EngineInfo,
+        tokenizer: Any,
+        logitsproc_classes: list[type],
+        *,
+        log_stats: bool = False,
+    ) -> None:
+        from vllite.engine.input_processor import InputProcessor
         from vllite.engine.output_processor import OutputProcessor
-        from vllite.engine.tokenizer import get_tokenizer
-        from vllite.logits_processor import load_logitsprocs_classes
 
         self.config = config
-        model_config = config.model_config
-        self.tokenizer = (
-            None
-            if model_config.skip_tokenizer_init
-            else get_tokenizer(
-                model_config.tokenizer or model_config.model, trust_remote_code=model_config.trust_remote_code
-            )
-        )
-        self.logitsproc_classes = load_logitsprocs_classes(config)
-        self.output_processor = OutputProcessor(self.tokenizer, log_stats=log_stats)
-        self.input_processor: Any = None
+        self.engine_info = engine_info
+        self.tokenizer = tokenizer
+        self.logitsproc_classes = logitsproc_classes
+        self.input_processor = InputProcessor(config.model_config, engine_info, tokenizer)
+        self.output_processor = OutputProcessor(tokenizer, log_stats=log_stats)
+        self._default_sampling_fields = default_sampling_fields(config.model_config)
 
-    def attach_engine(self, engine_core: Any) -> None:
-        """Adopts the engine's final ``max_model_len`` and the model's config, then builds the input processor."""
-        from vllite.engine.input_processor import InputProcessor
-
-        model_config = self.config.model_config
-        if engine_core.max_model_len is not None:
-            self.config.set_max_model_len(engine_core.max_model_len)
-        if model_config.hf_config is None and model_config.model:
-            # The engine core may live in another process; the frontend reads the model's facts (vocabulary
-            # size, EOS ids) from its own copy of the config.
-            from transformers import AutoConfig
-
-            model_config.hf_config = AutoConfig.from_pretrained(
-                model_config.model, local_files_only=True, trust_remote_code=model_config.trust_remote_code
-            )
-        self.input_processor = InputProcessor(self.config, self.tokenizer)
+    def default_sampling_params(self) -> SamplingParams:
+        """``SamplingParams`` with the model's generation-config defaults (vLLM's ``get_default_sampling_params``)."""
+        return SamplingParams(**self._default_sampling_fields)
 
     def prepare(
         self,
@@ -79,21 +115,24 @@ class Frontend:
         Raises ``ValueError`` for a bad prompt or parameter before anything is registered. ``queue`` (async use)
         receives the request's ``RequestOutput``s.
         """
-        from vllite.engine.input_processor import InputProcessor, extract_prompt_text
+        from vllite.engine.input_processor import extract_prompt_text
         from vllite.engine.parallel_sampling import ParentRequest
         from vllite.logits_processor import validate_sampling_params
 
         request = self.input_processor.process_inputs(
-            request_id, prompt, params or SamplingParams(), arrival_time=arrival_time or time.time(), priority=priority
+            engine_request_id(request_id),
+            prompt,
+            params or self.default_sampling_params(),
+            arrival_time=arrival_time or time.time(),
+            priority=priority,
         )
         # Every loaded logits processor checks its per-request arguments now, not mid-batch.
         validate_sampling_params(self.logitsproc_classes, request.params)
-        InputProcessor.assign_request_id(request)
         prompt_text = extract_prompt_text(prompt)
         if request.params.n == 1:
-            self.output_processor.add_request(request, prompt_text, None, 0, queue)
+            self.output_processor.add_request(request, prompt_text, None, 0, queue, external_req_id=request_id)
             return [request]
-        parent = ParentRequest(request)
+        parent = ParentRequest(request, request_id)
         children = []
         for index in range(request.params.n):
             child_id, child_params = parent.get_child_info(index)

@@ -8,22 +8,19 @@ not send it. Bad input raises ``ValueError`` (or ``TypeError`` for a wrong type)
 from __future__ import annotations
 
 import operator
-import os
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from vllite.config import EngineConfig
-from vllite.engine.tokenizer import AnyTokenizer, apply_chat_template, load_generation_config
-from vllite.protocol import EngineCoreRequest
+from vllite.config import ModelConfig
+from vllite.engine.tokenizer import AnyTokenizer, apply_chat_template
+from vllite.model_files import load_generation_config
+from vllite.protocol import EngineCoreRequest, EngineInfo
 from vllite.sampling_params import SamplingParams
 
 # A prompt: text, {"prompt": text}, {"prompt_token_ids": [...]} (optionally with "prompt" and "cache_salt"),
-# or a plain list of token ids.
+# or a plain list of token ids. The one prompt type of every frontend (LLM, LLMEngine, AsyncLLM).
 PromptType = str | Mapping[str, Any] | Sequence[int]
-
-DISABLE_ID_RANDOMIZATION_ENV = "VLLITE_DISABLE_REQUEST_ID_RANDOMIZATION"
 
 
 def extract_prompt_text(prompt: PromptType) -> str | None:
@@ -39,50 +36,39 @@ def extract_prompt_text(prompt: PromptType) -> str | None:
 class InputProcessor:
     """Validates and tokenizes prompts into ``EngineCoreRequest``s (vLLM's ``InputProcessor``).
 
-    ``tokenizer`` may be None (``skip_tokenizer_init``): then only token-id prompts are accepted.
-    ``generation_config`` defaults to the model folder's ``generation_config.json``.
+    Requests are checked against what the engine reported (``EngineInfo``: context length, vocabulary, EOS
+    ids). ``tokenizer`` may be None (``skip_tokenizer_init``): then only token-id prompts are accepted.
+    ``generation_config`` defaults to the model folder's ``generation_config.json`` (its EOS ids are added to
+    every request's stop ids).
     """
 
     def __init__(
         self,
-        config: EngineConfig,
+        model_config: ModelConfig,
+        engine_info: EngineInfo,
         tokenizer: AnyTokenizer | None,
         generation_config: Mapping[str, Any] | None = None,
     ) -> None:
-        self.config = config
-        self.model_config = config.model_config
+        self.model_config = model_config
+        self.engine_info = engine_info
         self.tokenizer = tokenizer
         if generation_config is None:
-            generation_config = load_generation_config(self.model_config.model)
+            generation_config = load_generation_config(model_config.model)
         self.generation_config_fields: dict[str, Any] = dict(generation_config)
+        self.max_model_len = engine_info.max_model_len
+        self.vocab_size = engine_info.vocab_size
+        self.eos_token_id = self._primary_eos_token_id()
 
-    # ------------------------------------------------------------------ model facts
-    @property
-    def max_model_len(self) -> int | None:
-        return self.model_config.max_model_len
-
-    @property
-    def eos_token_id(self) -> int | None:
-        """The primary EOS id: the tokenizer's, else the first of generation_config's / the model config's."""
+    def _primary_eos_token_id(self) -> int | None:
+        """The tokenizer's EOS id, else the first of generation_config's, else the first the model reports."""
         if self.tokenizer is not None and getattr(self.tokenizer, "eos_token_id", None) is not None:
             return int(self.tokenizer.eos_token_id)
-        for source in (self.generation_config_fields, _config_dict(self.model_config.hf_text_config)):
-            eos = source.get("eos_token_id")
-            if isinstance(eos, int):
-                return eos
-            if isinstance(eos, list) and eos:
-                return int(eos[0])
-        return None
-
-    @property
-    def vocab_size(self) -> int | None:
-        """Token ids must be below this: the model's vocabulary when known, else the tokenizer's."""
-        hf_vocab = getattr(self.model_config.hf_text_config, "vocab_size", None)
-        if isinstance(hf_vocab, int) and hf_vocab > 0:
-            return hf_vocab
-        if self.tokenizer is not None:
-            return len(self.tokenizer)
-        return None
+        eos = self.generation_config_fields.get("eos_token_id")
+        if isinstance(eos, int):
+            return eos
+        if isinstance(eos, list) and eos:
+            return int(eos[0])
+        return self.engine_info.eos_token_ids[0] if self.engine_info.eos_token_ids else None
 
     # ------------------------------------------------------------------ main entry
     def process_inputs(
@@ -122,23 +108,6 @@ class InputProcessor:
             priority=priority,
             trace_headers=dict(trace_headers) if trace_headers else None,
         )
-
-    @staticmethod
-    def assign_request_id(request: EngineCoreRequest) -> None:
-        """Keeps the caller's id as ``external_req_id`` and gives the request a unique internal id.
-
-        The internal id is ``f"{external}-{8 hex chars}"``, so equal external ids never collide in the engine;
-        ``VLLITE_DISABLE_REQUEST_ID_RANDOMIZATION=1`` keeps the id as is.
-        """
-        if request.external_req_id is not None:
-            raise ValueError(
-                "The external_req_id field should not be set on EngineCoreRequests passed to vllite; "
-                "use the request_id field."
-            )
-        request.external_req_id = request.request_id
-        if os.environ.get(DISABLE_ID_RANDOMIZATION_ENV, "0") not in ("", "0", "false", "False"):
-            return
-        request.request_id = f"{request.external_req_id}-{uuid.uuid4().hex[:8]}"
 
     def apply_chat_template(self, messages: Sequence[dict[str, Any]], **kwargs: Any) -> list[int]:
         """Token ids of a conversation rendered with the tokenizer's chat template (``ValueError``: none)."""
@@ -229,11 +198,3 @@ def _check_token_list(ids: Any) -> list[int]:
         return [operator.index(t) for t in ids]
     except TypeError:
         raise ValueError("prompt_token_ids must be a list of integers.") from None
-
-
-def _config_dict(hf_config: Any) -> dict[str, Any]:
-    if hf_config is None:
-        return {}
-    if isinstance(hf_config, Mapping):
-        return dict(hf_config)
-    return {"eos_token_id": getattr(hf_config, "eos_token_id", None)}

@@ -8,10 +8,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from vllite.config import EngineArgs
+from vllite.engine.input_processor import PromptType
 from vllite.outputs import RequestOutput
 from vllite.sampling_params import RequestOutputKind, SamplingParams
-
-PromptType = str | dict[str, Any] | list[int]
 
 
 class LLM:
@@ -58,7 +57,8 @@ class LLM:
         return self.llm_engine.tokenizer
 
     def get_default_sampling_params(self) -> SamplingParams:
-        return SamplingParams()
+        """The model's generation-config defaults (``--generation-config``), used when no params are given."""
+        return self.llm_engine.frontend.default_sampling_params()
 
     # ------------------------------------------------------------------ generation
     def generate(
@@ -95,14 +95,19 @@ class LLM:
         *,
         use_tqdm: bool = True,
         add_generation_prompt: bool = True,
+        chat_template: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
-        """Generates replies to one conversation or a list of them, through the tokenizer's chat template."""
+        """Generates replies to one conversation or a list of them, through the tokenizer's chat template (or
+        ``chat_template``, a Jinja template string, when given)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = []
         for conversation in conversations:
             token_ids = self.llm_engine.input_processor.apply_chat_template(
-                conversation, add_generation_prompt=add_generation_prompt, **(chat_template_kwargs or {})
+                conversation,
+                add_generation_prompt=add_generation_prompt,
+                chat_template=chat_template,
+                **(chat_template_kwargs or {}),
             )
             prompts.append({"prompt_token_ids": token_ids})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
@@ -158,6 +163,7 @@ class LLM:
         return self.llm_engine.reset_prefix_cache()
 
     def sleep(self, level: int = 1) -> None:
+        """Frees memory between uses (level 1: offload the weights, discard the KV cache; level 2: discard both)."""
         self.llm_engine.sleep(level)
 
     def wake_up(self, tags: list[str] | None = None) -> None:

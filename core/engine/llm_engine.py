@@ -7,10 +7,10 @@ It ties the ``InputProcessor`` (prompt → ``EngineCoreRequest``), an engine cli
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from typing import Any
 
 from vllite.config import EngineArgs, EngineConfig
+from vllite.engine.input_processor import PromptType
 from vllite.outputs import RequestOutput
 from vllite.sampling_params import SamplingParams
 
@@ -24,12 +24,14 @@ class LLMEngine:
         self, config: EngineConfig, *, log_stats: bool | None = None, multiprocess: bool | None = None
     ) -> None:
         from vllite.engine.core_client import make_client
-        from vllite.engine.frontend import Frontend
+        from vllite.engine.frontend import Frontend, load_frontend_parts
 
         self.config = config
-        self.frontend = Frontend(config, log_stats=bool(log_stats))
+        log_stats = config.observability_config.log_stats if log_stats is None else log_stats
+        tokenizer, logitsproc_classes = load_frontend_parts(config)
         self.engine_core = make_client(config, multiprocess=multiprocess, log_stats=log_stats)
-        self.frontend.attach_engine(self.engine_core)
+        self.engine_info = self.engine_core.engine_info
+        self.frontend = Frontend(config, self.engine_info, tokenizer, logitsproc_classes, log_stats=log_stats)
         self.tokenizer = self.frontend.tokenizer
         self.input_processor = self.frontend.input_processor
         self.output_processor = self.frontend.output_processor
@@ -42,7 +44,7 @@ class LLMEngine:
     def add_request(
         self,
         request_id: str,
-        prompt: str | Mapping[str, Any] | list[int],
+        prompt: PromptType,
         params: SamplingParams | None = None,
         *,
         arrival_time: float | None = None,
@@ -82,11 +84,27 @@ class LLMEngine:
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         return self.engine_core.reset_prefix_cache(reset_running_requests)
 
-    def sleep(self, level: int = 1) -> None:
-        self.engine_core.sleep(level)
+    def pause_scheduler(self, mode: str = "abort", clear_cache: bool = True) -> None:
+        """Pauses scheduling: ``abort`` in-flight requests (they finish with ABORT), ``wait`` for them to finish,
+        or ``keep`` them frozen; returns once paused. New requests queue until :meth:`resume_scheduler`."""
+        self.engine_core.pause_scheduler(mode, clear_cache)
+
+    def resume_scheduler(self) -> None:
+        self.engine_core.resume_scheduler()
+
+    def is_scheduler_paused(self) -> bool:
+        return self.engine_core.is_scheduler_paused()
+
+    def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        """Pauses (``mode``, as :meth:`pause_scheduler`) and frees memory (level 1: weights offloaded, KV cache
+        discarded; level 2: both discarded); returns once the engine sleeps."""
+        self.engine_core.sleep(level, mode)
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         self.engine_core.wake_up(tags)
+
+    def is_sleeping(self) -> bool:
+        return self.engine_core.is_sleeping()
 
     def shutdown(self) -> None:
         self.engine_core.shutdown()

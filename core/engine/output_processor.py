@@ -19,7 +19,14 @@ from vllite.engine.detokenizer import IncrementalDetokenizer
 from vllite.engine.logprobs import LogprobsProcessor
 from vllite.engine.parallel_sampling import ParentRequest
 from vllite.outputs import CompletionOutput, RequestOutput
-from vllite.protocol import EngineCoreOutput, EngineCoreRequest, FinishReason, SchedulerStats
+from vllite.protocol import (
+    EngineCoreEvent,
+    EngineCoreEventType,
+    EngineCoreOutput,
+    EngineCoreRequest,
+    FinishReason,
+    SchedulerStats,
+)
 from vllite.sampling_params import RequestOutputKind
 
 
@@ -31,13 +38,36 @@ class OutputQueue(Protocol):
 
 @dataclass
 class RequestStateStats:
-    """Per-request timing figures, kept when ``log_stats`` is on (``RequestOutput.metrics``)."""
+    """Per-request timing figures, kept when stats are on (``disable_log_stats=False``): ``RequestOutput.metrics``.
+
+    ``arrival_time`` is wall-clock time; the others are ``time.monotonic()`` readings: when the engine queued
+    and first scheduled the request (its events), and when the frontend got the first and the latest token.
+    """
 
     arrival_time: float
+    queued_ts: float | None = None
+    scheduled_ts: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None
     num_generation_tokens: int = 0
     num_cached_tokens: int = 0
+    num_preemptions: int = 0
+
+    @property
+    def time_in_queue(self) -> float | None:
+        """Seconds between being queued in the engine and first being scheduled."""
+        if self.queued_ts is None or self.scheduled_ts is None:
+            return None
+        return self.scheduled_ts - self.queued_ts
+
+    def record_events(self, events: list[EngineCoreEvent]) -> None:
+        for event in events:
+            if event.type == EngineCoreEventType.QUEUED:
+                self.queued_ts = event.timestamp
+            elif event.type == EngineCoreEventType.SCHEDULED and self.scheduled_ts is None:
+                self.scheduled_ts = event.timestamp
+            elif event.type == EngineCoreEventType.PREEMPTED:
+                self.num_preemptions += 1
 
 
 @dataclass
@@ -54,6 +84,7 @@ class RequestState:
     def __init__(
         self,
         request: EngineCoreRequest,
+        external_req_id: str,
         prompt: str | None,
         tokenizer: Any,
         parent_req: ParentRequest | None = None,
@@ -63,7 +94,7 @@ class RequestState:
     ) -> None:
         params = request.params
         self.request_id = request.request_id
-        self.external_req_id = request.external_req_id or request.request_id
+        self.external_req_id = external_req_id
         self.parent_req = parent_req
         self.request_index = request_index
         self.lora_name = request.lora_name
@@ -168,12 +199,18 @@ class OutputProcessor:
         parent_req: ParentRequest | None = None,
         request_index: int = 0,
         queue: OutputQueue | None = None,
+        *,
+        external_req_id: str | None = None,
     ) -> None:
-        """Registers a (child) request; ``ValueError`` if its internal id is already in flight."""
+        """Registers a (child) request under its engine id; ``external_req_id`` (default: the engine id) is the
+        caller's id that ``RequestOutput.request_id`` shows. ``ValueError`` if the engine id is in flight."""
         req_id = request.request_id
         if req_id in self.request_states:
             raise ValueError(f"Request id {req_id!r} is already running.")
-        state = RequestState(request, prompt, self.tokenizer, parent_req, request_index, queue, self.log_stats)
+        external = external_req_id or (parent_req.external_req_id if parent_req is not None else req_id)
+        state = RequestState(
+            request, external, prompt, self.tokenizer, parent_req, request_index, queue, self.log_stats
+        )
         self.request_states[req_id] = state
         if parent_req is not None:
             self.parent_requests[parent_req.request_id] = parent_req
@@ -201,6 +238,8 @@ class OutputProcessor:
             state.num_cached_tokens = output.num_cached_tokens
             state.is_prefilling = False
             if state.stats is not None:
+                if output.events:
+                    state.stats.record_events(output.events)
                 _update_stats(state.stats, len(new_token_ids), output.num_cached_tokens, now)
             stop_string = state.detokenizer.update(new_token_ids, finish_reason == FinishReason.STOP)
             if stop_string is not None:

@@ -8,16 +8,16 @@ from vllite.sampling_params import RequestOutputKind, SamplingParams
 
 
 class ParentRequest:
-    """The parent of ``n`` child requests ``f"{i}_{parent_id}"``, each sampling one sequence.
+    """The parent of ``n`` child requests ``f"{engine_id}-{i}"``, each sampling one sequence.
 
     Child ``i`` gets ``n=1`` and, when the parent has a seed, ``seed + i`` (otherwise all children share one
     params object). Under FINAL_ONLY the children's final outputs are gathered and returned together, ordered
     by index, once the last child finishes; otherwise each child's output is passed on as it comes.
     """
 
-    def __init__(self, request: EngineCoreRequest) -> None:
-        self.request_id = request.request_id
-        self.external_req_id = request.external_req_id or request.request_id
+    def __init__(self, request: EngineCoreRequest, external_req_id: str) -> None:
+        self.request_id = request.request_id  # the parent's engine id; only its children reach the engine
+        self.external_req_id = external_req_id
         self.sampling_params = request.params
         self.n = self.sampling_params.n
         self.child_requests: set[str] = set()
@@ -29,7 +29,7 @@ class ParentRequest:
         """The id and sampling params of child ``index``; registers the child as pending."""
         if not 0 <= index < self.n:
             raise IndexError(f"Child index {index} out of range for n={self.n}.")
-        child_id = f"{index}_{self.request_id}"
+        child_id = f"{self.request_id}-{index}"
         self.child_requests.add(child_id)
         return child_id, self._child_params(index)
 

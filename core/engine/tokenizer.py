@@ -5,7 +5,6 @@ transformers and tokenizers are imported inside the functions, so importing this
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -52,22 +51,6 @@ def get_tokenizer(path: str | Path, *, trust_remote_code: bool = False, **kwargs
         raise ModelLoadError(
             f"Could not load the tokenizer in {str(folder)!r} (files: {', '.join(present)}): {type(e).__name__}: {e}"
         ) from e
-
-
-def load_generation_config(path: str | Path | None) -> dict[str, Any]:
-    """The fields of ``generation_config.json`` in the model folder, or ``{}`` when there is none."""
-    if path is None:
-        return {}
-    file = Path(path).expanduser() / "generation_config.json"
-    if not file.is_file():
-        return {}
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(f"Could not read {str(file)!r}: {e}") from e
-    if not isinstance(data, dict):
-        raise ModelLoadError(f"{str(file)!r} must hold a JSON object.")
-    return data
 
 
 def apply_chat_template(

@@ -95,23 +95,27 @@ def make_config(
     num_lookahead_tokens: int = 0,
     scheduler_cls: str | None = None,
     scheduling_policy: str = "fcfs",
+    policy_args: dict[str, Any] | None = None,
+    tool_call_estimator: str = "utility",
 ) -> EngineConfig:
-    """A small ``EngineConfig`` for scheduler tests (``set_max_model_len`` already applied)."""
-    from vllite.config import EngineConfig
+    """A small ``EngineConfig`` for scheduler tests, with the limits an engine would have settled on."""
+    from vllite.config import CacheConfig, EngineConfig, SchedulerConfig
 
-    config = EngineConfig()
-    sched = config.scheduler_config
-    sched.max_num_batched_tokens = max_num_batched_tokens
-    sched.max_num_seqs = max_num_seqs
-    sched.enable_chunked_prefill = enable_chunked_prefill
-    sched.long_prefill_token_threshold = long_prefill_token_threshold
-    sched.num_lookahead_tokens = num_lookahead_tokens
-    sched.scheduler_cls = scheduler_cls
-    sched.scheduling_policy = scheduling_policy
-    config.cache_config.block_size = block_size
-    config.cache_config.enable_prefix_caching = enable_prefix_caching
-    config.set_max_model_len(max_model_len)
-    return config
+    config = EngineConfig(
+        scheduler_config=SchedulerConfig(
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+            enable_chunked_prefill=enable_chunked_prefill,
+            long_prefill_token_threshold=long_prefill_token_threshold,
+            num_lookahead_tokens=num_lookahead_tokens,
+            scheduler_cls=scheduler_cls,
+            scheduling_policy=scheduling_policy,
+            policy_args=dict(policy_args or {}),
+            tool_call_estimator=tool_call_estimator,
+        ),
+        cache_config=CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching),
+    )
+    return config.with_limits(max_model_len)
 
 
 def make_request(

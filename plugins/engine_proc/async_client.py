@@ -96,22 +96,3 @@ class AsyncMPClient(MPClient):
     # add_request, abort_requests and call_utility (blocking) come from MPClient.
     def get_output(self) -> EngineCoreOutputs:
         raise RuntimeError("AsyncMPClient delivers outputs through `await get_output_async()`.")
-
-    # vLLM-style async conveniences.
-    async def reset_prefix_cache_async(self, reset_running_requests: bool = False) -> bool:
-        return await self.call_utility_async("reset_prefix_cache", reset_running_requests)
-
-    async def pause_scheduler_async(self, mode: str = "abort") -> None:
-        await self.call_utility_async("pause_scheduler", mode)
-
-    async def resume_scheduler_async(self) -> None:
-        await self.call_utility_async("resume_scheduler")
-
-    async def sleep_async(self, level: int = 1) -> None:
-        await self.call_utility_async("sleep", level)
-
-    async def wake_up_async(self, tags: list[str] | None = None) -> None:
-        await self.call_utility_async("wake_up", tags)
-
-    async def is_sleeping_async(self) -> bool:
-        return await self.call_utility_async("is_sleeping")

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from typing import Any
 
 from vllite.config import EngineArgs, EngineConfig
+from vllite.engine.input_processor import PromptType
 from vllite.exceptions import EngineDeadError
 from vllite.outputs import RequestOutput
 from vllite.sampling_params import SamplingParams
@@ -27,8 +28,6 @@ logger = logging.getLogger(__name__)
 
 # Outputs processed per slice before yielding to the event loop (keeps the loop responsive under big batches).
 OUTPUT_CHUNK_SIZE = 128
-
-PromptType = str | Mapping[str, Any] | list[int]
 
 
 class AsyncLLM:
@@ -39,20 +38,22 @@ class AsyncLLM:
         model: str | None = None,
         *,
         config: EngineConfig | None = None,
-        log_stats: bool = False,
+        log_stats: bool | None = None,
         **engine_kwargs: Any,
     ) -> None:
         from vllite.engine.core_client import make_client
-        from vllite.engine.frontend import Frontend
+        from vllite.engine.frontend import Frontend, load_frontend_parts
 
         if config is None:
             config = EngineArgs(model=model, **engine_kwargs).create_engine_config()
         elif model is not None or engine_kwargs:
             raise ValueError("Pass either config= or model/engine keyword arguments, not both.")
         self.config = config
-        self.frontend = Frontend(config, log_stats=log_stats)
+        log_stats = config.observability_config.log_stats if log_stats is None else log_stats
+        tokenizer, logitsproc_classes = load_frontend_parts(config)
         self.engine_core: Any = make_client(config, multiprocess=True, asyncio_mode=True, log_stats=log_stats)
-        self.frontend.attach_engine(self.engine_core)
+        self.engine_info = self.engine_core.engine_info
+        self.frontend = Frontend(config, self.engine_info, tokenizer, logitsproc_classes, log_stats=log_stats)
         self.tokenizer = self.frontend.tokenizer
         self.input_processor = self.frontend.input_processor
         self.output_processor = self.frontend.output_processor
@@ -94,7 +95,7 @@ class AsyncLLM:
         if self.errored:
             raise EngineDeadError()
         self._ensure_output_handler()
-        params = params or SamplingParams()
+        params = params or self.frontend.default_sampling_params()
         queue = RequestOutputCollector(output_kind=params.output_kind)
         for request in self.frontend.prepare(
             request_id, prompt, params, arrival_time=arrival_time, priority=priority, queue=queue
@@ -159,14 +160,16 @@ class AsyncLLM:
     async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         return await self.engine_core.call_utility_async("reset_prefix_cache", reset_running_requests)
 
-    async def pause_generation(self, mode: str = "abort") -> None:
-        await self.engine_core.call_utility_async("pause_scheduler", mode)
+    async def pause_generation(self, mode: str = "abort", clear_cache: bool = True) -> None:
+        """Pauses scheduling (``abort``, ``wait`` or ``keep``, as ``LLMEngine.pause_scheduler``)."""
+        await self.engine_core.call_utility_async("pause_scheduler", mode, clear_cache)
 
     async def resume_generation(self) -> None:
         await self.engine_core.call_utility_async("resume_scheduler")
 
-    async def sleep(self, level: int = 1) -> None:
-        await self.engine_core.call_utility_async("sleep", level)
+    async def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        """Pauses (``mode``) and frees memory (``level``); returns once the engine sleeps."""
+        await self.engine_core.call_utility_async("sleep", level, mode)
 
     async def wake_up(self, tags: list[str] | None = None) -> None:
         await self.engine_core.call_utility_async("wake_up", tags)

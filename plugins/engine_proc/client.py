@@ -31,7 +31,7 @@ import zmq
 from vllite.config import EngineConfig
 from vllite.engine.core_client import UTILITY_METHODS, EngineCoreClient
 from vllite.exceptions import EngineDeadError
-from vllite.protocol import EngineCoreOutputs, EngineCoreReadyResponse, EngineCoreRequest, EngineCoreRequestType
+from vllite.protocol import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType, EngineInfo
 from vllite.serial import MsgpackEncoder
 
 from .client_io import process_outputs_socket
@@ -138,7 +138,6 @@ class MPClient(EngineCoreClient):
         self.encoder = MsgpackEncoder()
         self.utility_results: dict[int, Future] = {}
         self._call_ids = itertools.count(1)
-        self._max_model_len: int | None = None
         self.core_engine = engine_identity(0)
         try:
             self._launch(config, log_stats, executor_class)
@@ -161,8 +160,6 @@ class MPClient(EngineCoreClient):
                 inputs=[endpoints.bind(res.input_socket, "input")],
                 outputs=[endpoints.bind(res.output_socket, "output")],
             )
-            if log_stats is not None:
-                config.observability_config.log_stats = log_stats
             mp = multiprocessing.get_context("spawn")
             child_conn, res.parent_conn = mp.Pipe(duplex=False)
             env = {k: v for k, v in os.environ.items() if k.startswith(_PASSED_ENV_PREFIXES)}
@@ -170,22 +167,19 @@ class MPClient(EngineCoreClient):
                 target=_engine_entry,
                 name="VLLiteEngineCore",
                 args=(config, handshake_address, child_conn, list(sys.path), env, _log_level()),
-                kwargs={"executor_class": executor_class},
+                kwargs={"executor_class": executor_class, "log_stats": log_stats},
                 daemon=True,
             )
             res.proc.start()
             child_conn.close()
-            ready = self._wait_for_engine_startup(handshake, addresses)
+            self.engine_info = self._wait_for_engine_startup(handshake, addresses)
         finally:
             handshake.close(linger=0)
-        self._max_model_len = ready.max_model_len or None
-        if ready.max_model_len:
-            config.set_max_model_len(ready.max_model_len)
-        config.cache_config.num_gpu_blocks = ready.num_gpu_blocks or None
         self._start_output_thread()
 
-    def _wait_for_engine_startup(self, handshake: zmq.Socket, addresses: EngineZmqAddresses) -> EngineCoreReadyResponse:
-        """HELLO → send addresses; then wait for the ready frame (input socket) and READY (handshake socket)."""
+    def _wait_for_engine_startup(self, handshake: zmq.Socket, addresses: EngineZmqAddresses) -> EngineInfo:
+        """HELLO → send addresses; then wait for the engine's ``EngineInfo`` (input socket) and READY (handshake
+        socket)."""
         res = self.resources
         proc = res.proc
         timeout_s = self.settings.ready_timeout_s
@@ -194,7 +188,7 @@ class MPClient(EngineCoreClient):
         poller.register(handshake, zmq.POLLIN)
         poller.register(res.input_socket, zmq.POLLIN)
         poller.register(proc.sentinel, zmq.POLLIN)
-        ready: EngineCoreReadyResponse | None = None
+        ready: EngineInfo | None = None
         got_ready_status = False
         while ready is None or not got_ready_status:
             remaining = deadline - time.monotonic()
@@ -217,7 +211,7 @@ class MPClient(EngineCoreClient):
                 identity, payload = res.input_socket.recv_multipart()
                 if identity != self.core_engine:
                     raise RuntimeError(f"Unexpected engine identity {identity!r} during start-up.")
-                ready = msgspec.msgpack.decode(payload, type=EngineCoreReadyResponse)
+                ready = msgspec.msgpack.decode(payload, type=EngineInfo)
             if proc.sentinel in events or not proc.is_alive():
                 proc.join(timeout=1.0)
                 raise RuntimeError(
@@ -246,10 +240,6 @@ class MPClient(EngineCoreClient):
         """What the output thread calls with each batch of outputs, or with the terminal exception."""
 
     # ------------------------------------------------------------------ sending
-    @property
-    def max_model_len(self) -> int | None:
-        return self._max_model_len
-
     def ensure_alive(self) -> None:
         if self.resources.engine_dead:
             raise EngineDeadError()

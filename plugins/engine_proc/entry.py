@@ -111,6 +111,7 @@ def run_engine_core(
     log_level: int = logging.INFO,
     engine_index: int = 0,
     executor_class: type | None = None,
+    log_stats: bool | None = None,
 ) -> None:
     """Child-process entry: builds ``EngineCoreProc`` (which performs the handshake) and runs its busy loop."""
     _setup_child(sys_path or [], env or {}, log_level)
@@ -122,7 +123,7 @@ def run_engine_core(
     exit_code = 0
     try:
         engine_core = EngineCoreProc(
-            config, handshake_address, executor_class=executor_class, engine_index=engine_index
+            config, handshake_address, executor_class=executor_class, log_stats=log_stats, engine_index=engine_index
         )
         watcher.engine = engine_core
         engine_core.run_busy_loop()
@@ -136,7 +137,7 @@ def run_engine_core(
             logger.exception("EngineCore failed to start.")
         else:
             logger.exception("EngineCore encountered a fatal error.")
-            engine_core._send_engine_dead()
+            engine_core.send_engine_dead()
     finally:
         watcher.uninstall()
         if engine_core is not None:

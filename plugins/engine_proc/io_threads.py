@@ -1,29 +1,47 @@
-"""The engine process's I/O threads: decode client frames into queues, and encode outputs onto sockets.
+"""The engine process's I/O threads: decode client frames into a queue, and encode outputs onto sockets.
 
-A mixin of ``EngineCoreProc`` (it uses its queues, settings and ``preprocess_add_request``). Frames are decoded
-by msgspec into the expected types only; oversized or malformed frames are logged (rate-limited) and dropped.
+``EngineIOThreads`` owns the two queues between the threads and the busy loop. Frames are decoded by msgspec into
+the expected types only; oversized or malformed frames are logged (rate-limited) and dropped. An ADD request is
+preprocessed (its blocks hashed) on the input thread, off the busy loop.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 import zmq
 
-from vllite.protocol import EngineCoreReadyResponse, EngineCoreRequest, EngineCoreRequestType, FinishReason
+from vllite.exceptions import VlliteError
+from vllite.protocol import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    EngineCoreRequestType,
+    EngineInfo,
+    FinishReason,
+)
+from vllite.request import Request
 from vllite.serial import DecodeError, MsgpackDecoder, MsgpackEncoder
 
-from .utils import ENGINE_CORE_DEAD, make_socket
+from .utils import ENGINE_CORE_DEAD, ProcSettings, make_socket
 
 logger = logging.getLogger(__name__)
 
 # (client_index, call_id, method_name, positional args)
 UtilityCall = tuple[int, int, str, list[Any]]
 OUTPUT_STOP = object()
+
+
+class EngineStartupError(VlliteError):
+    """The engine process could not finish starting (a thread or the handshake failed)."""
+
+
 _CLIENT_REQUEST_TYPES = (EngineCoreRequestType.ADD, EngineCoreRequestType.ABORT, EngineCoreRequestType.UTILITY)
 
 
@@ -42,30 +60,85 @@ class DropLog:
 
 
 class EngineIOThreads:
-    """Input and output thread bodies of ``EngineCoreProc``."""
+    """The input and output threads of one engine process, and the queues that connect them to its busy loop.
 
-    config: Any
-    settings: Any
-    num_clients: int
-    input_queue: Any
-    output_queue: Any
-    aborts_queue: Any
-    dropped_frames: DropLog
-    _zmq_ctx: zmq.Context
+    ``input_queue`` holds ``(EngineCoreRequestType, payload)`` for the busy loop; ``output_queue`` holds
+    ``(client_index, EngineCoreOutputs)`` (or ``ENGINE_CORE_DEAD`` / ``OUTPUT_STOP``) for the output thread.
+    """
 
-    def process_input_sockets(self, input_addresses: list[str], identity: bytes, ready_event: threading.Event) -> None:
-        """Input thread: announces readiness on every input socket, then decodes and queues client messages."""
+    def __init__(
+        self, settings: ProcSettings, num_clients: int, preprocess: Callable[[EngineCoreRequest], Request]
+    ) -> None:
+        self.settings = settings
+        self.num_clients = num_clients
+        self.preprocess = preprocess
+        self.input_queue: queue.Queue[tuple[EngineCoreRequestType, Any]] = queue.Queue()
+        self.output_queue: queue.Queue[Any] = queue.Queue()
+        self.dropped_frames = DropLog()
+        self._zmq_ctx = zmq.Context()
+        self.input_thread: threading.Thread | None = None
+        self.output_thread: threading.Thread | None = None
+
+    def start(
+        self,
+        input_addresses: list[str],
+        output_addresses: list[str],
+        identity: bytes,
+        info: EngineInfo,
+        engine_index: int,
+    ) -> None:
+        """Starts both threads; returns once the input sockets have announced the engine (``info``)."""
+        ready_event = threading.Event()
+        self.input_thread = threading.Thread(
+            target=self.process_input_sockets,
+            args=(input_addresses, identity, msgspec.msgpack.encode(info), ready_event),
+            name="EngineCoreInput",
+            daemon=True,
+        )
+        self.input_thread.start()
+        self.output_thread = threading.Thread(
+            target=self.process_output_sockets,
+            args=(output_addresses, engine_index),
+            name="EngineCoreOutput",
+            daemon=True,
+        )
+        self.output_thread.start()
+        while not ready_event.wait(timeout=10):
+            if not self.input_thread.is_alive():
+                raise EngineStartupError("The engine's input socket thread died during start-up.")
+
+    def send_outputs(self, outputs: dict[int, EngineCoreOutputs]) -> None:
+        for item in outputs.items():
+            self.output_queue.put_nowait(item)
+
+    def send_finish_outputs(self, req_ids: list[str], client_index: int, reason: FinishReason) -> None:
+        outputs = [EngineCoreOutput(req_id, [], finish_reason=reason) for req_id in req_ids]
+        self.output_queue.put_nowait((client_index, EngineCoreOutputs(outputs=outputs, finished_requests=set(req_ids))))
+
+    def send_engine_dead(self) -> None:
+        self.output_queue.put_nowait(ENGINE_CORE_DEAD)
+        if self.output_thread is not None:
+            self.output_thread.join(timeout=5.0)
+            if self.output_thread.is_alive():
+                logger.critical("The engine-dead notice could not be sent; the ZMQ connection may be broken.")
+
+    def stop_output_thread(self, timeout: float = 5.0) -> None:
+        """Lets the output thread flush what is queued, close its sockets and exit (clean shutdown)."""
+        thread = self.output_thread
+        if thread is not None and thread.is_alive():
+            self.output_queue.put_nowait(OUTPUT_STOP)
+            thread.join(timeout=timeout)
+
+    def process_input_sockets(
+        self, input_addresses: list[str], identity: bytes, ready: bytes, ready_event: threading.Event
+    ) -> None:
+        """Input thread: announces the engine (``ready``: its ``EngineInfo``) on every input socket, then decodes
+        and queues client messages."""
         decoders = {
             EngineCoreRequestType.ADD: MsgpackDecoder(EngineCoreRequest),
             EngineCoreRequestType.ABORT: MsgpackDecoder(list[str]),
             EngineCoreRequestType.UTILITY: MsgpackDecoder(UtilityCall),
         }
-        ready = msgspec.msgpack.encode(
-            EngineCoreReadyResponse(
-                max_model_len=self.config.model_config.max_model_len or 0,
-                num_gpu_blocks=self.config.cache_config.num_gpu_blocks or 0,
-            )
-        )
         poller = zmq.Poller()
         for address in input_addresses:
             socket = make_socket(self._zmq_ctx, zmq.DEALER, identity=identity, linger=0)
@@ -105,7 +178,6 @@ class EngineIOThreads:
         if request_type == EngineCoreRequestType.ADD:
             self._queue_add(payload)
         elif request_type == EngineCoreRequestType.ABORT:
-            self.aborts_queue.put_nowait(payload)
             self.input_queue.put_nowait((request_type, payload))
         else:
             if not 0 <= payload[0] < self.num_clients:
@@ -118,10 +190,10 @@ class EngineIOThreads:
             self.dropped_frames("request %r for unknown client %d", request.request_id, request.client_index)
             return
         try:
-            preprocessed = self.preprocess_add_request(request)
+            preprocessed = self.preprocess(request)
         except Exception as exc:
             logger.error("Preprocessing request %r failed: %s: %s", request.request_id, type(exc).__name__, exc)
-            self._send_finish_outputs_to_client([request.request_id], request.client_index, FinishReason.ERROR)
+            self.send_finish_outputs([request.request_id], request.client_index, FinishReason.ERROR)
             return
         self.input_queue.put_nowait((EngineCoreRequestType.ADD, preprocessed))
 

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any
 
-from vllite.executor import Executor
+from vllite.executor import Executor, KVCacheInfo, ModelInfo
 from vllite.sched.output import ModelRunnerOutput, SchedulerOutput
 from vllite.sched.testing import FakeExecutor
 
@@ -22,7 +22,7 @@ from vllite.sched.testing import FakeExecutor
 class FakeTokenExecutor(Executor):
     """Deterministic tokens without a model: ``token_base + position`` for each sampled position."""
 
-    def _init_executor(self) -> None:
+    def _init_executor(self) -> ModelInfo:
         options: dict[str, Any] = dict(self.config.plugin_config.get("fake_executor") or {})
         self.step_delay_s = float(options.get("step_delay_s", 0.0))
         self.fail_at_step = options.get("fail_at_step")
@@ -32,12 +32,11 @@ class FakeTokenExecutor(Executor):
             threading.Event().wait(float(options["init_delay_s"]))  # simulated model loading
         self.steps = 0
         self._runner = FakeExecutor(lambda _req_id, position: base + position)
-        self.config.set_max_model_len(self.config.model_config.max_model_len or 512)
+        return ModelInfo(max_model_len=self.config.model_config.max_model_len or 512, vocab_size=base + 100_000)
 
-    def initialize_kv_cache(self) -> int:
+    def initialize_kv_cache(self) -> KVCacheInfo:
         num_blocks = self.config.cache_config.num_gpu_blocks_override or 256
-        self.config.cache_config.num_gpu_blocks = num_blocks
-        return num_blocks
+        return KVCacheInfo(num_blocks=num_blocks, max_model_len=self.model_info.max_model_len)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         self.steps += 1

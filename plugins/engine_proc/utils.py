@@ -136,8 +136,3 @@ def make_socket(
     if linger is not None:
         socket.setsockopt(zmq.LINGER, linger)
     return socket
-
-
-def remove_dir(path: str | None) -> None:
-    if path:
-        shutil.rmtree(path, ignore_errors=True)

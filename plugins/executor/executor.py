@@ -3,7 +3,9 @@
 KV-cache sizing (issue 3's rules): ``num_gpu_blocks_override`` wins; on the CPU the budget is
 ``cache_config.cpu_kvcache_space_gib`` (else ``VLLITE_CPU_KVCACHE_SPACE``, else 4 GiB); on CUDA it is
 ``gpu_memory_utilization x total`` minus what is in use after loading and the peak activations of a profiling
-forward pass. One sequence of ``max_model_len`` tokens must fit, else ``KVCacheMemoryError`` says what to change.
+forward pass. One sequence of ``max_model_len`` tokens must fit: when the user gave ``--max-model-len`` a cache
+too small is a ``KVCacheMemoryError`` that says what to change; otherwise the context shrinks to what fits, with
+a warning naming both lengths.
 
 Sleep: level 1 moves the weights to the CPU and frees the KV cache; level 2 frees both (weights are reloaded
 from the model folder on wake-up). ``wake_up(["weights"])`` / ``wake_up(["kv_cache"])`` restore one part.
@@ -17,14 +19,15 @@ import logging
 import torch
 
 from vllite.exceptions import ModelLoadError
-from vllite.executor import Executor
+from vllite.executor import Executor, KVCacheInfo, ModelInfo
 from vllite.kv_cache.sizing import (
     cpu_kvcache_space_bytes,
     determine_num_blocks,
     gpu_kvcache_space_bytes,
     kv_cache_bytes_per_token,
 )
-from vllite.plugins.executor.model_loader import load_hf_config, load_model, model_spec, resolve_dtype
+from vllite.model_files import load_hf_config
+from vllite.plugins.executor.model_loader import load_model, model_spec, resolve_dtype, uniform_sliding_window
 from vllite.plugins.executor.model_runner import ModelRunner
 from vllite.sched.output import ModelRunnerOutput, SchedulerOutput
 
@@ -50,21 +53,30 @@ class DefaultExecutor(Executor):
     #: Forces a device regardless of ``--device`` (the ``cpu`` / ``cuda`` registered names set it).
     device_override: str | None = None
 
-    def _init_executor(self) -> None:
-        config = self.config
-        mc = config.model_config
-        self.device = resolve_device(self.device_override or config.device_config.device_type)
-        hf_config = load_hf_config(mc.model, trust_remote_code=mc.trust_remote_code)
+    def _init_executor(self) -> ModelInfo:
+        mc = self.config.model_config
+        self.device = resolve_device(self.device_override or self.config.device_config.device_type)
+        hf_config = mc.hf_config or load_hf_config(mc.model, trust_remote_code=mc.trust_remote_code)
+        self.hf_config = hf_config
         self.spec = model_spec(hf_config)
         max_model_len = self._max_model_len(mc.max_model_len, self.spec.max_position_embeddings)
         self.dtype = resolve_dtype(mc.dtype, hf_config, self.device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         model = load_model(str(mc.model), hf_config, self.dtype, self.device, trust_remote_code=mc.trust_remote_code)
-        mc.hf_config = hf_config
-        config.set_max_model_len(max_model_len)
-        self.runner = ModelRunner(config, model, self.spec, self.device, self.dtype)
+        # The model's own limit may later shrink to what the KV cache holds; a length the user asked for may not.
+        self._may_shrink_context = mc.max_model_len is None
+        # The runner (and the logits processors it builds) read the context length this executor settled on.
+        self.config = self.config.with_limits(max_model_len)
+        self.runner = ModelRunner(self.config, model, self.spec, self.device, self.dtype)
         self._num_blocks: int | None = None
+        eos = getattr(getattr(hf_config, "text_config", None) or hf_config, "eos_token_id", None)
+        return ModelInfo(
+            max_model_len=max_model_len,
+            vocab_size=self.spec.vocab_size,
+            eos_token_ids=tuple(eos if isinstance(eos, (list, tuple)) else () if eos is None else (eos,)),
+            sliding_window=uniform_sliding_window(hf_config),
+        )
 
     @staticmethod
     def _max_model_len(requested: int | None, max_positions: int | None) -> int:
@@ -80,10 +92,10 @@ class DefaultExecutor(Executor):
         return int(requested)
 
     # ------------------------------------------------------------------ KV cache
-    def initialize_kv_cache(self) -> int:
-        """Sizes the KV cache from the memory budget, allocates it, and returns the block count."""
+    def initialize_kv_cache(self) -> KVCacheInfo:
+        """Sizes the KV cache from the memory budget (or ``num_gpu_blocks_override``) and allocates it."""
         cc = self.config.cache_config
-        max_model_len = int(self.config.model_config.max_model_len)
+        max_model_len = self.model_info.max_model_len
         s = self.spec
         bytes_per_token = kv_cache_bytes_per_token(
             s.num_layers, s.num_kv_heads, s.head_dim, torch.empty((), dtype=self.dtype).element_size()
@@ -97,9 +109,13 @@ class DefaultExecutor(Executor):
                     max_model_len,
                 )
         else:
-            available = self._available_kv_bytes()
-            num_blocks, _ = determine_num_blocks(
-                available, bytes_per_token, cc.block_size, max_model_len, device=self.device.type
+            num_blocks, max_model_len = determine_num_blocks(
+                self._available_kv_bytes(),
+                bytes_per_token,
+                cc.block_size,
+                max_model_len,
+                allow_shrink=self._may_shrink_context,
+                device=self.device.type,
             )
             if self.device.type == "cpu":
                 # CPU memory is shared with everything else: take at most twice what max_num_seqs full-length
@@ -108,7 +124,6 @@ class DefaultExecutor(Executor):
                 num_blocks = min(num_blocks, 2 * self.config.scheduler_config.max_num_seqs * blocks_per_seq + 1)
         self.runner.allocate_kv_cache(num_blocks)
         self._num_blocks = num_blocks
-        cc.num_gpu_blocks = num_blocks
         logger.info(
             "KV cache: %d blocks of %d tokens (%.1f MiB) on %s",
             num_blocks,
@@ -116,7 +131,7 @@ class DefaultExecutor(Executor):
             num_blocks * cc.block_size * bytes_per_token / 2**20,
             self.device,
         )
-        return num_blocks
+        return KVCacheInfo(num_blocks=num_blocks, max_model_len=max_model_len)
 
     def _available_kv_bytes(self) -> int:
         cc = self.config.cache_config
@@ -166,7 +181,7 @@ class DefaultExecutor(Executor):
             if self.runner.model is None:
                 mc = self.config.model_config
                 self.runner.model = load_model(
-                    str(mc.model), mc.hf_config, self.dtype, self.device, trust_remote_code=mc.trust_remote_code
+                    str(mc.model), self.hf_config, self.dtype, self.device, trust_remote_code=mc.trust_remote_code
                 )
             else:
                 self.runner.model.to(self.device)

@@ -13,7 +13,6 @@ always honoured.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,22 +35,6 @@ class ModelSpec:
     head_dim: int
     vocab_size: int
     max_position_embeddings: int | None
-
-
-def load_hf_config(path: str | None, *, trust_remote_code: bool = False) -> Any:
-    """Reads ``config.json`` of a local model folder; ``ModelLoadError`` if the folder or config is missing."""
-    if not path:
-        raise ModelLoadError("No model given: pass a local model folder (config.json + safetensors weights).")
-    if not os.path.isdir(path):
-        raise ModelLoadError(f"Model folder {path!r} does not exist (vllite loads local folders only).")
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        raise ModelLoadError(f"Model folder {path!r} has no config.json, so it is not a transformers model folder.")
-    from transformers import AutoConfig
-
-    try:
-        return AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
-    except Exception as exc:  # malformed config, unknown model_type, remote code refused ...
-        raise ModelLoadError(f"Cannot read the model config in {path!r}: {exc}") from exc
 
 
 def model_spec(hf_config: Any) -> ModelSpec:
@@ -149,3 +132,22 @@ def load_model(
     model.requires_grad_(False)
     logger.info("Loaded %s from %s (%s on %s)", model_cls.__name__, path, dtype, device)
     return model
+
+
+def uniform_sliding_window(hf_config: Any) -> int | None:
+    """The attention window when every layer uses the same sliding window, else ``None`` (full attention, or a
+    hybrid model such as Gemma 2 whose global layers need every block)."""
+    cfg = getattr(hf_config, "text_config", None) or hf_config
+    window = getattr(cfg, "sliding_window", None)
+    if not isinstance(window, int) or window <= 0:
+        return None
+    layer_types = getattr(cfg, "layer_types", None)
+    if layer_types is not None:
+        return window if all(kind == "sliding_attention" for kind in layer_types) else None
+    if hasattr(cfg, "use_sliding_window") and not cfg.use_sliding_window:
+        return None
+    # Qwen2-style configs: the first ``max_window_layers`` layers attend fully.
+    max_window_layers = getattr(cfg, "max_window_layers", None)
+    if isinstance(max_window_layers, int) and max_window_layers > 0:
+        return None
+    return window
