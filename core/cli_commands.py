@@ -91,10 +91,11 @@ def _hooks_of(pm: Any, plugin: Any) -> list[str]:
 def _add_generation_arguments(parser: argparse.ArgumentParser) -> None:
     from vllite.config import EngineArgs
 
-    parser.add_argument("--max-tokens", type=int, default=64, help="Tokens to generate per prompt.")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy.")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0)
+    model_default = "default: the model's generation_config.json, else %s"
+    parser.add_argument("--max-tokens", type=int, default=None, help=model_default % "64" + ".")
+    parser.add_argument("--temperature", type=float, default=None, help=model_default % "0 (greedy)" + ".")
+    parser.add_argument("--top-p", type=float, default=None, help=model_default % "1.0" + ".")
+    parser.add_argument("--top-k", type=int, default=None, help=model_default % "0 (off)" + ".")
     parser.add_argument("--sampling-seed", type=int, default=None, help="Per-request sampling seed.")
     EngineArgs.add_cli_args(parser)
 
@@ -106,16 +107,37 @@ def _make_llm(args: argparse.Namespace) -> Any:
     return LLM.from_engine_args(EngineArgs.from_cli_args(args))
 
 
-def _sampling_params(args: argparse.Namespace) -> Any:
+# What the CLI does when neither a flag nor the model's generation config says otherwise: greedy, 64 tokens.
+_CLI_SAMPLING_DEFAULTS = {"temperature": 0.0, "max_tokens": 64}
+
+
+def _sampling_params(args: argparse.Namespace, llm: Any) -> Any:
+    """The flags given, over the model's generation-config defaults (``--generation-config``), over the CLI's."""
     from vllite.sampling_params import SamplingParams
 
-    return SamplingParams(
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        seed=args.sampling_seed,
-    )
+    fields: dict[str, Any] = {**_CLI_SAMPLING_DEFAULTS, **llm.llm_engine.frontend.default_sampling_fields}
+    flags = {
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "top_k": args.top_k,
+        "seed": args.sampling_seed,
+    }
+    fields.update({name: value for name, value in flags.items() if value is not None})
+    return SamplingParams(**fields)
+
+
+def _chat_template(value: str | None) -> str | None:
+    """``--chat-template``: a file holding a Jinja template, or the template itself (as vLLM takes it)."""
+    from pathlib import Path
+
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    try:
+        return path.read_text(encoding="utf-8") if path.is_file() else value
+    except OSError as exc:
+        raise ValueError(f"Cannot read the chat template file {value!r}: {exc}") from exc
 
 
 class GenerateCommand:
@@ -133,7 +155,7 @@ class GenerateCommand:
             raise ValueError("No prompt given: pass prompts as arguments or on standard input.")
         llm = _make_llm(args)
         try:
-            outputs = llm.generate(prompts, _sampling_params(args), use_tqdm=len(prompts) > 1)
+            outputs = llm.generate(prompts, _sampling_params(args, llm), use_tqdm=len(prompts) > 1)
             for output in outputs:
                 print(output.prompt + output.outputs[0].text)
                 if len(outputs) > 1:
@@ -151,10 +173,17 @@ class ChatCommand:
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--system", default=None, help="System prompt.")
         parser.add_argument("--message", action="append", default=None, help="Send this message and exit.")
+        parser.add_argument(
+            "--chat-template",
+            default=None,
+            help="A Jinja chat template, or a file holding one, instead of the tokenizer's.",
+        )
         _add_generation_arguments(parser)
 
     def run(self, args: argparse.Namespace) -> int:
+        chat_template = _chat_template(args.chat_template)
         llm = _make_llm(args)
+        sampling_params = _sampling_params(args, llm)
         messages: list[dict[str, str]] = []
         if args.system:
             messages.append({"role": "system", "content": args.system})
@@ -173,7 +202,8 @@ class ChatCommand:
                 if not text.strip():
                     break
                 messages.append({"role": "user", "content": text})
-                reply = llm.chat(messages, _sampling_params(args), use_tqdm=False)[0].outputs[0].text
+                reply = llm.chat(messages, sampling_params, use_tqdm=False, chat_template=chat_template)
+                reply = reply[0].outputs[0].text
                 print(reply)
                 messages.append({"role": "assistant", "content": reply})
         finally:

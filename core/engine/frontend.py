@@ -43,13 +43,11 @@ def load_frontend_parts(config: EngineConfig) -> tuple[Any, list[type]]:
     from vllite.logits_processor import load_logitsprocs_classes
 
     model_config = config.model_config
-    tokenizer = (
-        None
-        if model_config.skip_tokenizer_init
-        else get_tokenizer(
-            model_config.tokenizer or model_config.model, trust_remote_code=model_config.trust_remote_code
-        )
-    )
+    if model_config.skip_tokenizer_init:
+        return None, load_logitsprocs_classes(config)
+    tokenizer_path = model_config.tokenizer or model_config.model
+    assert tokenizer_path is not None, "EngineArgs.create_engine_config always sets the model folder"
+    tokenizer = get_tokenizer(tokenizer_path, trust_remote_code=model_config.trust_remote_code)
     return tokenizer, load_logitsprocs_classes(config)
 
 
@@ -94,11 +92,11 @@ class Frontend:
         self.logitsproc_classes = logitsproc_classes
         self.input_processor = InputProcessor(config.model_config, engine_info, tokenizer)
         self.output_processor = OutputProcessor(tokenizer, log_stats=log_stats)
-        self._default_sampling_fields = default_sampling_fields(config.model_config)
+        self.default_sampling_fields = default_sampling_fields(config.model_config)
 
     def default_sampling_params(self) -> SamplingParams:
         """``SamplingParams`` with the model's generation-config defaults (vLLM's ``get_default_sampling_params``)."""
-        return SamplingParams(**self._default_sampling_fields)
+        return SamplingParams(**self.default_sampling_fields)
 
     def prepare(
         self,
