@@ -87,9 +87,16 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):  # type:
 
     # ------------------------------------------------------------------ validation
     def _verify(self) -> None:
-        def bad(field: str, allowed: str) -> ValueError:
-            return ValueError(f"SamplingParams.{field} must be {allowed}, got {getattr(self, field)!r}.")
+        self._verify_sampling()
+        self._verify_lengths()
+        self._verify_tokens()
+        self._verify_flags()
 
+    def _bad(self, field: str, allowed: str) -> ValueError:
+        return ValueError(f"SamplingParams.{field} must be {allowed}, got {getattr(self, field)!r}.")
+
+    def _verify_sampling(self) -> None:
+        bad = self._bad
         if not _is_int(self.n) or self.n < 1:
             raise bad("n", "an integer >= 1")
         for name in ("presence_penalty", "frequency_penalty"):
@@ -108,6 +115,9 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):  # type:
             raise bad("min_p", "a number in [0, 1]")
         if self.seed is not None and not _is_int(self.seed):
             raise bad("seed", "an integer or None")
+
+    def _verify_lengths(self) -> None:
+        bad = self._bad
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
             raise bad("max_tokens", "an integer >= 1, or None for 'up to max_model_len'")
         if not _is_int(self.min_tokens) or self.min_tokens < 0:
@@ -120,15 +130,18 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):  # type:
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or value < -1):
                 raise bad(name, "None, -1 (the whole vocabulary) or an integer >= 0")
-        if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
-            raise bad("stop", "a non-empty string or a list of non-empty strings")
-        if not _is_id_list(self.stop_token_ids):
-            raise bad("stop_token_ids", "a list of token ids (integers >= 0)")
         if self.truncate_prompt_tokens is not None and (
             not _is_int(self.truncate_prompt_tokens)
             or (self.truncate_prompt_tokens < 1 and self.truncate_prompt_tokens != -1)
         ):
             raise bad("truncate_prompt_tokens", "None, -1 (truncate to max_model_len) or an integer >= 1")
+
+    def _verify_tokens(self) -> None:
+        bad = self._bad
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
+            raise bad("stop", "a non-empty string or a list of non-empty strings")
+        if not _is_id_list(self.stop_token_ids):
+            raise bad("stop_token_ids", "a list of token ids (integers >= 0)")
         if self.logit_bias:
             for token_id, bias in self.logit_bias.items():
                 if token_id < 0:
@@ -141,6 +154,9 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):  # type:
             not _is_id_list(self.allowed_token_ids) or not self.allowed_token_ids
         ):
             raise bad("allowed_token_ids", "None or a non-empty list of token ids (integers >= 0)")
+
+    def _verify_flags(self) -> None:
+        bad = self._bad
         if self.extra_args is not None and not isinstance(self.extra_args, dict):
             raise bad("extra_args", "None or a dict")
         for name in (
