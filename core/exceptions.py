@@ -3,6 +3,19 @@
 Every error the engine raises on purpose derives from :class:`VlliteError`, so callers can catch the
 engine's own failures without swallowing programming errors. Bad user input stays a plain
 ``ValueError`` (as in vLLM), because that is what users and HTTP layers already map to a 400.
+
+The hierarchy (a class in brackets is a second base, kept so that callers catching it keep working)::
+
+    VlliteError
+    ├── PluginLoadError ── DuplicateComponentError
+    ├── UnknownComponentError [ValueError], ModelLoadError [ValueError], KVCacheMemoryError [ValueError]
+    ├── EngineDeadError
+    ├── EngineStartupError [RuntimeError]
+    ├── EngineClientError [RuntimeError] ── EngineClientClosedError, EngineClientUsageError, UtilityCallError
+    ├── ExecutorError [RuntimeError] ── ExecutorFailedError, ModelExecutionError, ExecutorAsleepError,
+    │                                   KVCacheNotAllocatedError, DeviceUnavailableError, AttentionRoutingError
+    ├── InternalStateError [RuntimeError] ── KVCacheStateError, BatchStateError
+    └── BenchReplayError [RuntimeError]
 """
 
 from __future__ import annotations
@@ -52,3 +65,79 @@ class ModelLoadError(VlliteError, ValueError):
 
 class KVCacheMemoryError(VlliteError, ValueError):
     """The KV cache cannot hold one sequence of ``max_model_len`` tokens in the configured memory budget."""
+
+
+# ---------------------------------------------------------------------------- engine process / clients
+class EngineStartupError(VlliteError, RuntimeError):
+    """The engine could not finish starting: the engine process exited during start-up, a start-up thread died,
+    the handshake timed out, or an unexpected engine answered it."""
+
+
+class EngineClientError(VlliteError, RuntimeError):
+    """Base class of the errors an engine client raises for a call it cannot serve (the engine itself may be fine)."""
+
+
+class EngineClientClosedError(EngineClientError):
+    """A request or call was sent through an engine client after :meth:`shutdown`."""
+
+
+class EngineClientUsageError(EngineClientError):
+    """A client method was called that this kind of client does not offer (e.g. the blocking ``get_output`` of
+    the asyncio client)."""
+
+
+class UtilityCallError(EngineClientError):
+    """A utility call (``sleep``, ``pause_scheduler``, ...) failed inside the engine, or was refused; the message
+    is the engine's (``"Call to NAME method failed: ..."``)."""
+
+
+# ---------------------------------------------------------------------------- executor
+class ExecutorError(VlliteError, RuntimeError):
+    """Base class of the errors an executor raises when it cannot run the model step it was given."""
+
+
+class ExecutorFailedError(ExecutorError):
+    """The executor reported a failure it cannot recover from (``check_health``); the engine process stops."""
+
+
+class ModelExecutionError(ExecutorError):
+    """One forward pass failed (raised by test executors that inject faults; real ones raise the torch error)."""
+
+
+class ExecutorAsleepError(ExecutorError):
+    """``execute_model`` was called while the executor sleeps; call ``wake_up()`` first."""
+
+
+class KVCacheNotAllocatedError(ExecutorError):
+    """The model runner was asked to run before ``initialize_kv_cache`` (or after ``sleep`` freed the cache)."""
+
+
+class DeviceUnavailableError(ExecutorError):
+    """The requested device (e.g. ``--device cuda``) is not available to torch in this process."""
+
+
+class AttentionRoutingError(ExecutorError):
+    """The model did not route attention through vllite's attention function as expected: it ran outside a
+    forward context, a layer has no ``layer_idx``, or the architecture bypasses transformers' attention
+    interface (so vllite cannot run it)."""
+
+
+# ---------------------------------------------------------------------------- internal invariants
+class InternalStateError(VlliteError, RuntimeError):
+    """An internal invariant of the engine's data structures was violated: a bug in vllite or in a plugin that
+    drives these structures directly, never a consequence of user input."""
+
+
+class KVCacheStateError(InternalStateError):
+    """The KV-cache structures were used inconsistently (a block removed from a free queue it is not in, blocks
+    cached without their hashes, a prefix-cache reset that cannot succeed)."""
+
+
+class BatchStateError(InternalStateError):
+    """The persistent input batch, its ``BatchUpdate`` builder, the logits processors' slots or the model
+    runner's request states disagree with the step being run."""
+
+
+# ---------------------------------------------------------------------------- tools
+class BenchReplayError(VlliteError, RuntimeError):
+    """The agent-bench replay cannot progress: jobs are unfinished with nothing in flight, or the engine stalled."""

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from vllite.exceptions import ExecutorFailedError
+
 if TYPE_CHECKING:
     from vllite.config import EngineConfig
     from vllite.sched.output import ModelRunnerOutput, SchedulerOutput
@@ -113,9 +115,9 @@ class Executor(ABC):
                 logger.exception("Executor failure callback raised")
 
     def check_health(self) -> None:
-        """Raises ``RuntimeError`` if the executor has failed; returns ``None`` when healthy."""
+        """Raises ``ExecutorFailedError`` if the executor has failed; returns ``None`` when healthy."""
         if self._failed:
-            raise RuntimeError("The executor has failed; see the log above for the cause.")
+            raise ExecutorFailedError("The executor has failed; see the log above for the cause.")
 
     @property
     def is_sleeping(self) -> bool:

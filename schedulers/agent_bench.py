@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllite.exceptions import BenchReplayError
 from vllite.sampling_params import SamplingParams
 from vllite.schedulers.traces import Job
 
@@ -243,7 +244,7 @@ def replay(
 ) -> tuple[list[float], float]:
     """Replays ``jobs`` (job ``i`` arrives at ``arrivals[i]``) on ``backend``; returns (JCTs, makespan).
 
-    Raises ``RuntimeError`` if the engine makes no progress for ``max_stall_s`` with nothing else to wait for.
+    Raises ``BenchReplayError`` if the engine makes no progress for ``max_stall_s`` with nothing else to wait for.
     """
     states = [_JobState(job, arrival) for job, arrival in zip(jobs, arrivals, strict=True)]
     events: list[tuple[float, int, int]] = [(s.arrival, i, i) for i, s in enumerate(states)]  # (time, seq, job)
@@ -271,7 +272,7 @@ def replay(
             submit(heapq.heappop(events)[2])
         if not backend.has_work():
             if not events:
-                raise RuntimeError(f"Replay lost track: {len(states) - done} jobs unfinished, nothing in flight.")
+                raise BenchReplayError(f"Replay lost track: {len(states) - done} jobs unfinished, nothing in flight.")
             backend.wait_until(events[0][0])
             continue
         step_events, executed = backend.step()
@@ -303,7 +304,7 @@ def replay(
         else:
             stalled_since = now if stalled_since is None else stalled_since
             if now - stalled_since > max_stall_s:
-                raise RuntimeError(f"The engine made no progress for {max_stall_s} s with requests in flight.")
+                raise BenchReplayError(f"The engine made no progress for {max_stall_s} s with requests in flight.")
             backend.idle_tick()
     jct = [s.finish - s.arrival for s in states if s.finish is not None]
     makespan = max(s.finish for s in states if s.finish is not None) - start - min(arrivals, default=0.0)

@@ -7,6 +7,7 @@ import pytest
 from vllite.config import CacheConfig, EngineConfig, ModelConfig
 from vllite.engine.core import EngineCore
 from vllite.engine.core_client import InprocClient
+from vllite.exceptions import ModelExecutionError
 from vllite.protocol import EngineCoreRequest, FinishReason
 from vllite.sampling_params import SamplingParams
 
@@ -114,7 +115,7 @@ def test_executor_failure_surfaces_as_error():
     core = make_core(fail_at_step=2)
     core.add_request(request("a", 4, 5))
     core.step()
-    with pytest.raises(RuntimeError, match="injected failure"):
+    with pytest.raises(ModelExecutionError, match="injected failure"):
         core.step()
 
 

@@ -19,7 +19,7 @@ import pytest
 import zmq
 
 from vllite.config import EngineArgs
-from vllite.plugins.engine_proc.io_threads import EngineStartupError
+from vllite.exceptions import EngineStartupError, UtilityCallError
 from vllite.protocol import EngineCoreRequest, EngineCoreRequestType, FinishReason
 from vllite.sampling_params import SamplingParams
 
@@ -120,9 +120,9 @@ def test_ipc_endpoints_live_in_a_private_directory(client):
 def test_utility_success_failure_and_allow_list(client, col):
     assert client.call_utility("is_sleeping") is False
     assert client.call_utility("get_request_counts") == [0, 0]
-    with pytest.raises(RuntimeError, match=r"^Call to sleep method failed: sleep level must be 0, 1 or 2"):
+    with pytest.raises(UtilityCallError, match=r"^Call to sleep method failed: sleep level must be 0, 1 or 2"):
         client.call_utility("sleep", 7)
-    with pytest.raises(RuntimeError, match=r"Call to pause_scheduler method failed: Invalid pause mode"):
+    with pytest.raises(UtilityCallError, match=r"Call to pause_scheduler method failed: Invalid pause mode"):
         client.call_utility("pause_scheduler", "bogus")
     # Refused by the client before anything is sent ...
     with pytest.raises(ValueError, match="disallowed engine utility 'shutdown'"):
@@ -130,7 +130,7 @@ def test_utility_success_failure_and_allow_list(client, col):
     # ... and by the engine when a raw frame asks for it anyway.
     call_id, future = client._new_utility_future("is_sleeping")
     client._send_input(EngineCoreRequestType.UTILITY, (0, call_id, "shutdown", []))
-    with pytest.raises(RuntimeError, match="Call to shutdown method failed: 'shutdown' is not an allowed"):
+    with pytest.raises(UtilityCallError, match="Call to shutdown method failed: 'shutdown' is not an allowed"):
         future.result(timeout=10)
     # The engine still serves.
     client.add_request(request("util-after", max_tokens=2))

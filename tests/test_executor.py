@@ -20,7 +20,7 @@ from test_executor_support import (
 )
 
 from vllite.config import DeviceConfig
-from vllite.exceptions import KVCacheMemoryError, ModelLoadError
+from vllite.exceptions import ExecutorAsleepError, ExecutorFailedError, KVCacheMemoryError, ModelLoadError
 from vllite.executor import KVCacheInfo
 from vllite.plugins.executor.executor import DefaultExecutor
 from vllite.sampling_params import SamplingParams
@@ -283,7 +283,7 @@ def test_sleep_and_wake_up(model_dirs: dict[str, Path]) -> None:
     ex = _executor(path)
     ex.sleep(1)
     assert ex.is_sleeping and not ex.runner.kv_caches
-    with pytest.raises(RuntimeError, match="sleeping"):
+    with pytest.raises(ExecutorAsleepError, match="sleeping"):
         ex.execute_model(SchedulerOutput.make_empty())
     ex.wake_up(["kv_cache"])
     ex.wake_up(["weights"])
@@ -306,7 +306,7 @@ def test_failure_callbacks_and_health(model_dirs: dict[str, Path]) -> None:
     ex._report_failure()
     ex._report_failure()
     assert calls == ["a"]
-    with pytest.raises(RuntimeError, match="failed"):
+    with pytest.raises(ExecutorFailedError, match="failed"):
         ex.check_health()
     ex.register_failure_callback(lambda: calls.append("late"))
     assert calls == ["a", "late"]

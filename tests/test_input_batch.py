@@ -7,6 +7,7 @@ import random
 import numpy as np
 import pytest
 
+from vllite.exceptions import BatchStateError
 from vllite.logits_processor.interface import BatchUpdate, MoveDirectionality
 from vllite.plugins.executor.input_batch import CachedRequestState, InputBatch
 from vllite.sampling_params import SamplingParams
@@ -130,7 +131,7 @@ def test_full_batch_and_overlong_request_are_errors() -> None:
     batch = InputBatch(2, 8, 4, 100)
     batch.add_request(_state("r0"))
     batch.add_request(_state("r1"))
-    with pytest.raises(RuntimeError, match="full"):
+    with pytest.raises(BatchStateError, match="full"):
         batch.add_request(_state("r2"))
     batch = InputBatch(2, 3, 4, 100)
     with pytest.raises(ValueError, match="max_model_len"):

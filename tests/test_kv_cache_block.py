@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from vllite.exceptions import KVCacheStateError
 from vllite.kv_cache import FreeKVCacheBlockQueue, KVCacheBlock
 
 
@@ -71,7 +72,7 @@ def test_remove_from_middle_links_neighbours() -> None:
 def test_remove_of_block_not_in_queue_raises() -> None:
     blocks, q = make_queue(3)
     q.popleft()
-    with pytest.raises(RuntimeError, match="invalid block"):
+    with pytest.raises(KVCacheStateError, match="invalid block"):
         q.remove(blocks[0])
     assert q.num_free_blocks == 2
 

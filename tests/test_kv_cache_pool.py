@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from vllite.exceptions import KVCacheStateError
 from vllite.kv_cache import BlockHashToBlockMap, BlockPool, KVCacheBlock, get_hash_fn, get_request_block_hasher
 from vllite.request import Request
 from vllite.sampling_params import SamplingParams
@@ -66,7 +67,7 @@ def test_cache_full_blocks_then_eviction_drops_the_hash() -> None:
 def test_cache_full_blocks_needs_the_hashes() -> None:
     pool = BlockPool(4)
     req = Request("nohash", list(range(8)), SamplingParams())
-    with pytest.raises(RuntimeError, match="block_hasher"):
+    with pytest.raises(KVCacheStateError, match="block_hasher"):
         pool.cache_full_blocks(req, pool.get_new_blocks(2), 0, 2)
 
 

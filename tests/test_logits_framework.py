@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import torch
 
+from vllite.exceptions import BatchStateError
 from vllite.logits_processor import (
     AdapterLogitsProcessor,
     BatchUpdate,
@@ -63,14 +64,14 @@ def test_removed_append_after_read_raises(read):
     b.removed_append(1)
     b.removed_append(0)
     {"peek": b.peek_removed, "pop": b.pop_removed, "property": lambda: b.removed}[read]()
-    with pytest.raises(RuntimeError, match=READ_ERROR):
+    with pytest.raises(BatchStateError, match=READ_ERROR):
         b.removed_append(5)
 
 
 def test_removed_property_sorts_even_when_empty():
     b = BatchUpdateBuilder()
     assert b.removed == []
-    with pytest.raises(RuntimeError):
+    with pytest.raises(BatchStateError):
         b.removed_append(1)
 
 

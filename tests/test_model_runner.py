@@ -16,7 +16,7 @@ from test_executor_support import (
     single_thread,  # noqa: F401  (autouse fixture)
 )
 
-from vllite.exceptions import ModelLoadError
+from vllite.exceptions import AttentionRoutingError, ModelLoadError
 from vllite.plugins.executor.executor import DefaultExecutor
 from vllite.sampling_params import SamplingParams
 
@@ -141,7 +141,7 @@ def test_model_that_bypasses_our_attention_is_rejected(model_dir: Path) -> None:
     ex.runner.spec.num_layers = 3  # the model will only make 2 attention calls
     sched = ManualScheduler(4, 64)
     sched.add("x", PROMPT)
-    with pytest.raises(RuntimeError, match="attention 2 times for 3 layers"):
+    with pytest.raises(AttentionRoutingError, match="attention 2 times for 3 layers"):
         sched.step(ex)
 
 

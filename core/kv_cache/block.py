@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from vllite.exceptions import KVCacheStateError
+
 
 @dataclass(slots=True, eq=False)
 class KVCacheBlock:
@@ -96,9 +98,9 @@ class FreeKVCacheBlockQueue:
         return out
 
     def remove(self, block: KVCacheBlock) -> None:
-        """Unlinks ``block`` from anywhere in the queue; ``RuntimeError`` if it is not in the queue."""
+        """Unlinks ``block`` from anywhere in the queue; ``KVCacheStateError`` if it is not in the queue."""
         if block.prev_free_block is None or block.next_free_block is None:
-            raise RuntimeError(f"remove() called on invalid block: {block}")
+            raise KVCacheStateError(f"remove() called on invalid block: {block}")
         self._unlink(block)
 
     def append(self, block: KVCacheBlock) -> None:

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
+from vllite.exceptions import KVCacheStateError
 from vllite.kv_cache.block import FreeKVCacheBlockQueue, KVCacheBlock
 
 if TYPE_CHECKING:
@@ -184,7 +185,7 @@ class BlockPool:
             return
         block_hashes = request.block_hashes
         if len(block_hashes) < num_full_blocks:
-            raise RuntimeError(
+            raise KVCacheStateError(
                 f"Request {request.request_id!r} has {len(block_hashes)} block hashes but {num_full_blocks} "
                 "full blocks to cache; build it with block_hasher=get_request_block_hasher(...)."
             )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from vllite.exceptions import BatchStateError
 from vllite.logits_processor.interface import AddedRequest, BatchUpdate, MovedRequest, RemovedRequest
 
 _REMOVED_READ_ERROR = "Cannot register new removed request after self.removed has been read."
@@ -15,7 +16,7 @@ class BatchUpdateBuilder:
     moves in :attr:`moved`, and finally calls :meth:`get_and_reset`. Guarantees:
 
     - once :attr:`removed` has been read (or peeked / popped while non-empty) it is sorted descending, and
-      registering another removal raises ``RuntimeError`` until the next reset;
+      registering another removal raises ``BatchStateError`` until the next reset;
     - :meth:`pop_removed` returns the smallest removed index in O(1) and takes it out of ``removed``, so a
       reused slot is never both removed and added in the emitted update;
     - :meth:`get_and_reset` hands its lists to the ``BatchUpdate`` and starts new ones, so later changes
@@ -49,7 +50,7 @@ class BatchUpdateBuilder:
     def removed_append(self, index: int) -> None:
         """Registers the removal of the request at batch ``index``."""
         if self._is_removed_sorted:
-            raise RuntimeError(_REMOVED_READ_ERROR)
+            raise BatchStateError(_REMOVED_READ_ERROR)
         self._removed.append(index)
         self.batch_changed = True
 

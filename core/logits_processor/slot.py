@@ -16,6 +16,7 @@ import heapq
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from vllite.exceptions import BatchStateError
 from vllite.logits_processor.interface import BatchUpdate, LogitsProcessor, MoveDirectionality
 
 if TYPE_CHECKING:
@@ -212,7 +213,7 @@ class SlotLogitsProcessorAdapter(LogitsProcessor):
         if not any(self._active.get(slot, False) for slot in slots if slot >= 0):
             return logits
         if -1 in slots:
-            raise RuntimeError(f"logits row {slots.index(-1)} belongs to no request known to {type(self).__name__}")
+            raise BatchStateError(f"logits row {slots.index(-1)} belongs to no request known to {type(self).__name__}")
         idx_np = np.asarray(slots, dtype=np.int32)
         idx = torch.from_numpy(idx_np).to(logits.device)
         total = self.req_states.total_len.index_select(0, idx.to(self.req_states.total_len.device))

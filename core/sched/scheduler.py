@@ -14,6 +14,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from vllite.exceptions import KVCacheStateError
 from vllite.kv_cache import KVCacheBlocks, KVCacheManager, get_hash_fn, get_request_block_hasher
 from vllite.protocol import EngineCoreEventType, EngineCoreOutputs, SchedulerStats
 from vllite.request import Request, RequestStatus
@@ -468,7 +469,7 @@ class Scheduler(SchedulerInterface):
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """Forgets every cached block hash. Fails (False) while requests hold blocks, unless
         ``reset_running_requests``: then every running request is preempted first (reported in the next
-        ``SchedulerOutput.preempted_req_ids``) and a failure raises ``RuntimeError``."""
+        ``SchedulerOutput.preempted_req_ids``) and a failure raises ``KVCacheStateError``."""
         if reset_running_requests:
             now = self.clock()
             while self.running:
@@ -478,7 +479,7 @@ class Scheduler(SchedulerInterface):
             self.prev_step_scheduled_req_ids = set()
         ok = self.kv_cache_manager.reset_prefix_cache()
         if reset_running_requests and not ok:
-            raise RuntimeError("Could not reset the prefix cache although every running request was preempted.")
+            raise KVCacheStateError("Could not reset the prefix cache although every running request was preempted.")
         return ok
 
     def make_stats(self) -> SchedulerStats | None:

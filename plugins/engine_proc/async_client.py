@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from vllite.config import EngineConfig
-from vllite.exceptions import EngineDeadError
+from vllite.exceptions import EngineClientUsageError, EngineDeadError
 from vllite.protocol import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType
 
 from .client import MPClient
@@ -95,4 +95,4 @@ class AsyncMPClient(MPClient):
 
     # add_request, abort_requests and call_utility (blocking) come from MPClient.
     def get_output(self) -> EngineCoreOutputs:
-        raise RuntimeError("AsyncMPClient delivers outputs through `await get_output_async()`.")
+        raise EngineClientUsageError("AsyncMPClient delivers outputs through `await get_output_async()`.")

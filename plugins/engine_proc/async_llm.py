@@ -20,7 +20,7 @@ from typing import Any
 
 from vllite.config import EngineArgs, EngineConfig
 from vllite.engine.input_processor import PromptType
-from vllite.exceptions import EngineDeadError
+from vllite.exceptions import EngineClientClosedError, EngineDeadError
 from vllite.outputs import RequestOutput
 from vllite.sampling_params import SamplingParams
 
@@ -143,7 +143,7 @@ class AsyncLLM:
         if internal and not self.errored:
             try:
                 self.engine_core.abort_requests(internal)
-            except (EngineDeadError, RuntimeError):
+            except (EngineDeadError, EngineClientClosedError):
                 pass  # the engine is gone or shut down: nothing left to abort
 
     # ------------------------------------------------------------------ the output handler

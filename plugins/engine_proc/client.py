@@ -30,7 +30,7 @@ import zmq
 
 from vllite.config import EngineConfig
 from vllite.engine.core_client import UTILITY_METHODS, EngineCoreClient
-from vllite.exceptions import EngineDeadError
+from vllite.exceptions import EngineClientClosedError, EngineDeadError, EngineStartupError
 from vllite.protocol import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType, EngineInfo
 from vllite.serial import MsgpackEncoder
 
@@ -210,11 +210,11 @@ class MPClient(EngineCoreClient):
             if res.input_socket in events:
                 identity, payload = res.input_socket.recv_multipart()
                 if identity != self.core_engine:
-                    raise RuntimeError(f"Unexpected engine identity {identity!r} during start-up.")
+                    raise EngineStartupError(f"Unexpected engine identity {identity!r} during start-up.")
                 ready = msgspec.msgpack.decode(payload, type=EngineInfo)
             if proc.sentinel in events or not proc.is_alive():
                 proc.join(timeout=1.0)
-                raise RuntimeError(
+                raise EngineStartupError(
                     f"Engine core initialization failed (exit code {proc.exitcode}); see the root cause above. "
                     'If your script calls LLM() at module level, guard it with `if __name__ == "__main__":` '
                     "(the engine process is started with the 'spawn' method)."
@@ -244,7 +244,7 @@ class MPClient(EngineCoreClient):
         if self.resources.engine_dead:
             raise EngineDeadError()
         if self.resources.closed:
-            raise RuntimeError("The engine client has been shut down.")
+            raise EngineClientClosedError("The engine client has been shut down.")
 
     def _send_input(self, request_type: EngineCoreRequestType, request: Any) -> None:
         self.ensure_alive()
@@ -252,7 +252,7 @@ class MPClient(EngineCoreClient):
         with self.resources.send_lock:
             socket = self.resources.input_socket
             if socket is None:
-                raise RuntimeError("The engine client has been shut down.")
+                raise EngineClientClosedError("The engine client has been shut down.")
             try:
                 socket.send_multipart((self.core_engine, request_type.value, *frames), copy=False)
             except zmq.ZMQError as exc:  # EHOSTUNREACH: the engine's socket is gone

@@ -14,7 +14,7 @@ from typing import Any
 
 import zmq
 
-from vllite.exceptions import EngineDeadError
+from vllite.exceptions import EngineDeadError, UtilityCallError
 from vllite.protocol import EngineCoreOutputs
 from vllite.serial import MsgpackDecoder
 
@@ -89,7 +89,7 @@ def _handle_output_frames(
             logger.warning("Utility answer for unknown call id %d", output.call_id)
         elif not future.done():
             if output.failure_message is not None:
-                future.set_exception(RuntimeError(output.failure_message))
+                future.set_exception(UtilityCallError(output.failure_message))
             else:
                 future.set_result(output.result.result if output.result is not None else None)
         if not outputs.outputs:

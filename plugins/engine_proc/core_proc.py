@@ -28,7 +28,7 @@ import zmq
 from vllite.config import EngineConfig
 from vllite.engine.core import EngineCore
 from vllite.engine.core_client import UTILITY_METHODS
-from vllite.exceptions import VlliteError
+from vllite.exceptions import EngineStartupError, ExecutorFailedError
 from vllite.protocol import (
     EngineCoreOutputs,
     EngineCoreRequestType,
@@ -39,7 +39,7 @@ from vllite.protocol import (
 )
 from vllite.request import Request
 
-from .io_threads import EngineIOThreads, EngineStartupError
+from .io_threads import EngineIOThreads
 from .utils import (
     EngineHandshakeMetadata,
     EngineZmqAddresses,
@@ -50,10 +50,6 @@ from .utils import (
 )
 
 logger = logging.getLogger(__name__)
-
-
-class ExecutorFailedError(VlliteError):
-    """The executor reported a failure it cannot recover from; the engine process stops."""
 
 
 class EngineCoreProc:

@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from vllite.exceptions import VlliteError
+from vllite.exceptions import EngineStartupError
 from vllite.protocol import (
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -36,10 +36,6 @@ logger = logging.getLogger(__name__)
 # (client_index, call_id, method_name, positional args)
 UtilityCall = tuple[int, int, str, list[Any]]
 OUTPUT_STOP = object()
-
-
-class EngineStartupError(VlliteError):
-    """The engine process could not finish starting (a thread or the handshake failed)."""
 
 
 _CLIENT_REQUEST_TYPES = (EngineCoreRequestType.ADD, EngineCoreRequestType.ABORT, EngineCoreRequestType.UTILITY)

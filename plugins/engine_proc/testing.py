@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Any
 
+from vllite.exceptions import ModelExecutionError
 from vllite.executor import Executor, KVCacheInfo, ModelInfo
 from vllite.sched.output import ModelRunnerOutput, SchedulerOutput
 from vllite.sched.testing import FakeExecutor
@@ -41,7 +42,7 @@ class FakeTokenExecutor(Executor):
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         self.steps += 1
         if self.fail_at_step is not None and self.steps >= int(self.fail_at_step):
-            raise RuntimeError(f"FakeTokenExecutor: injected failure at step {self.steps}")
+            raise ModelExecutionError(f"FakeTokenExecutor: injected failure at step {self.steps}")
         if self.report_failure_at_step is not None and self.steps >= int(self.report_failure_at_step):
             self._report_failure()
         if self.step_delay_s:

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from vllite.exceptions import AttentionRoutingError
+
 ATTN_IMPLEMENTATION = "vllite_paged"
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
@@ -72,7 +74,7 @@ def get_forward_context() -> _ForwardContext:
     """The context set by :func:`forward_context`; raises if the model runs outside one."""
     ctx = getattr(_local, "ctx", None)
     if ctx is None:
-        raise RuntimeError(
+        raise AttentionRoutingError(
             f"attn_implementation={ATTN_IMPLEMENTATION!r} needs the attention metadata of a vllite model runner; "
             "the model was called outside vllite.plugins.executor.attention.forward_context()."
         )
@@ -122,7 +124,7 @@ def paged_attention_forward(
     md = ctx.metadata
     layer_idx = getattr(module, "layer_idx", None)
     if layer_idx is None:
-        raise RuntimeError(f"{type(module).__name__} has no layer_idx; vllite cannot find its KV cache.")
+        raise AttentionRoutingError(f"{type(module).__name__} has no layer_idx; vllite cannot find its KV cache.")
     key_cache, value_cache = ctx.kv_caches[layer_idx]
     if query.shape[0] != 1:
         raise ValueError(f"vllite runs a packed batch of shape [1, num_tokens]; got batch size {query.shape[0]}.")

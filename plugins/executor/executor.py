@@ -18,7 +18,7 @@ import logging
 
 import torch
 
-from vllite.exceptions import ModelLoadError
+from vllite.exceptions import DeviceUnavailableError, ExecutorAsleepError, ModelLoadError
 from vllite.executor import Executor, KVCacheInfo, ModelInfo
 from vllite.kv_cache.sizing import (
     cpu_kvcache_space_bytes,
@@ -39,7 +39,7 @@ def resolve_device(device_type: str) -> torch.device:
     device = torch.device(device_type)
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise RuntimeError("--device cuda was requested but torch sees no CUDA device.")
+            raise DeviceUnavailableError("--device cuda was requested but torch sees no CUDA device.")
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
     elif device.type != "cpu":
@@ -156,7 +156,7 @@ class DefaultExecutor(Executor):
         """Runs one step. Raises on a failed forward pass (the engine turns it into an error for the caller);
         the requests of that step should then be aborted."""
         if self.is_sleeping:
-            raise RuntimeError("The executor is sleeping; call wake_up() before executing the model.")
+            raise ExecutorAsleepError("The executor is sleeping; call wake_up() before executing the model.")
         return self.runner.execute_model(scheduler_output)
 
     # ------------------------------------------------------------------ sleep / shutdown

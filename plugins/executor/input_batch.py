@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from vllite.exceptions import BatchStateError
 from vllite.logits_processor.builder import BatchUpdateBuilder
 from vllite.logits_processor.interface import BatchUpdate, MoveDirectionality
 from vllite.sampling_params import SamplingType
@@ -119,7 +120,7 @@ class InputBatch:
         if row is None:
             row = self.num_reqs
         if row >= self.max_num_reqs:
-            raise RuntimeError(f"the input batch is full ({self.max_num_reqs} requests; raise max_num_seqs)")
+            raise BatchStateError(f"the input batch is full ({self.max_num_reqs} requests; raise max_num_seqs)")
         if row == len(self.req_ids_by_row):
             self.req_ids_by_row.append(state.req_id)
             self.states.append(state)

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from vllite.config import EngineConfig
+from vllite.exceptions import AttentionRoutingError, BatchStateError, KVCacheNotAllocatedError
 from vllite.plugins.executor.attention import AttentionMetadata, forward_context
 from vllite.plugins.executor.input_batch import CachedRequestState, InputBatch
 from vllite.plugins.executor.model_loader import ModelSpec
@@ -102,7 +103,9 @@ class ModelRunner:
         if scheduler_output.total_num_scheduled_tokens == 0 or self.input_batch.num_reqs == 0:
             return ModelRunnerOutput.empty()
         if not self.kv_caches:
-            raise RuntimeError("The KV cache is not allocated (call initialize_kv_cache, or wake_up after sleep).")
+            raise KVCacheNotAllocatedError(
+                "The KV cache is not allocated (call initialize_kv_cache, or wake_up after sleep)."
+            )
         batch = self.input_batch
         num_reqs = batch.num_reqs
         req_ids = batch.req_ids
@@ -186,7 +189,7 @@ class ModelRunner:
         for i, req_id in enumerate(cached.req_ids):
             state = self.requests.get(req_id)
             if state is None:
-                raise RuntimeError(f"Scheduled cached request {req_id!r} is unknown to the executor.")
+                raise BatchStateError(f"Scheduled cached request {req_id!r} is unknown to the executor.")
             state.num_computed_tokens = cached.num_computed_tokens[i]
             tokens_changed = False
             if req_id in cached.all_token_ids:
@@ -281,7 +284,7 @@ class ModelRunner:
         with forward_context(md, self.kv_caches) as ctx:
             output = self.model(**kwargs)
         if ctx.num_calls != self.spec.num_layers:
-            raise RuntimeError(
+            raise AttentionRoutingError(
                 f"{type(self.model).__name__} called vllite's attention {ctx.num_calls} times for "
                 f"{self.spec.num_layers} layers; this architecture does not route attention through "
                 "transformers' attention interface, so vllite cannot run it."
