@@ -61,7 +61,7 @@ class EngineCoreEvent(msgspec.Struct):
         return cls(event_type, time.monotonic() if timestamp is None else timestamp)
 
 
-class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):  # type: ignore[call-arg]
+class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """A tokenized, validated request as the engine core receives it."""
 
     request_id: str
@@ -81,7 +81,7 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=
         return self.sampling_params
 
 
-class LogprobsLists(msgspec.Struct, array_like=True, gc=False):  # type: ignore[call-arg]
+class LogprobsLists(msgspec.Struct, array_like=True, gc=False):
     """Sample logprobs of the new tokens of one step, one row per token.
 
     Row ``i`` holds the sampled token first, then the top-N tokens: ``logprob_token_ids[i]``, their
@@ -93,7 +93,7 @@ class LogprobsLists(msgspec.Struct, array_like=True, gc=False):  # type: ignore[
     sampled_token_ranks: list[int]
 
 
-class LogprobsTensors(msgspec.Struct, array_like=True, gc=False):  # type: ignore[call-arg]
+class LogprobsTensors(msgspec.Struct, array_like=True, gc=False):
     """Prompt logprobs of a prefill chunk as tensors (``[num_positions, N + 1]``); carried as raw buffers."""
 
     logprob_token_ids: Any
@@ -101,7 +101,7 @@ class LogprobsTensors(msgspec.Struct, array_like=True, gc=False):  # type: ignor
     selected_token_ranks: Any
 
 
-class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):  # type: ignore[call-arg]
+class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """One step's scheduler figures, for logging and the stats observer."""
 
     num_running_reqs: int = 0
@@ -113,7 +113,7 @@ class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     step_counter: int = 0
 
 
-class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):  # type: ignore[call-arg]
+class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """One request's output for one step."""
 
     request_id: str
@@ -132,13 +132,13 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
         return self.finish_reason is not None
 
 
-class UtilityResult(msgspec.Struct, array_like=True, gc=False):  # type: ignore[call-arg]
+class UtilityResult(msgspec.Struct, array_like=True, gc=False):
     """Wraps a utility call's return value so any msgpack-encodable result can travel."""
 
     result: Any = None
 
 
-class UtilityOutput(msgspec.Struct, array_like=True, gc=False):  # type: ignore[call-arg]
+class UtilityOutput(msgspec.Struct, array_like=True, gc=False):
     """The answer to one utility call: a result, or a failure message; never both."""
 
     call_id: int
@@ -146,7 +146,7 @@ class UtilityOutput(msgspec.Struct, array_like=True, gc=False):  # type: ignore[
     result: UtilityResult | None = None
 
 
-class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):  # type: ignore[call-arg]
+class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """All outputs of one step for one client, plus utility answers and finished-request notices."""
 
     engine_index: int = 0

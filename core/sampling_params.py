@@ -34,7 +34,7 @@ class SamplingType(enum.IntEnum):
     RANDOM_SEED = 2
 
 
-class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):  # type: ignore[call-arg]
+class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     """Sampling parameters of one request (vLLM-compatible names and defaults).
 
     ``temperature=0`` means greedy. ``top_k`` of 0 or -1 disables top-k. ``max_tokens=None`` lets the request

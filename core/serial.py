@@ -111,7 +111,8 @@ class MsgpackEncoder:
 
     def encode(self, obj: Any) -> list[bytes | memoryview]:
         """Encodes ``obj``; returns the main msgpack buffer followed by one frame per large tensor."""
-        self._aux = aux = []
+        aux: list[bytes | memoryview] = []
+        self._aux = aux
         try:
             main = self._encoder.encode(obj)
         finally:
@@ -120,7 +121,8 @@ class MsgpackEncoder:
 
     def encode_into(self, obj: Any, buf: bytearray) -> list[bytes | memoryview | bytearray]:
         """Like :meth:`encode`, but writes the main buffer into ``buf`` (resized as needed), reusing it."""
-        self._aux = aux = []
+        aux: list[bytes | memoryview] = []
+        self._aux = aux
         try:
             self._encoder.encode_into(obj, buf)
         finally:
@@ -190,13 +192,15 @@ class MsgpackDecoder:
 
     def decode(self, frames: bytes | bytearray | memoryview | Sequence[Any]) -> Any:
         """Decodes one message: a single buffer, or a sequence ``[main, *aux]`` of buffers (or zmq Frames)."""
+        aux: Sequence[Any]
         if isinstance(frames, (bytes, bytearray, memoryview)):
-            main, aux = frames, ()
+            first: Any = frames
+            aux = ()
         else:
             if len(frames) == 0:
                 raise DecodeError("No frames to decode.")
-            main, aux = frames[0], frames[1:]
-        main = _as_buffer(main)
+            first, aux = frames[0], frames[1:]
+        main = _as_buffer(first)
         self._aux = aux
         try:
             return self._decoder.decode(main)

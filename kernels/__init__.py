@@ -89,7 +89,32 @@ def paged_attention(
     :func:`vllite.kernels.reference.paged_attention_ref` for every argument. Triton for CUDA tensors,
     the vectorised torch reference otherwise.
     """
-    kwargs = dict(
+    if use_triton(query):
+        from vllite.kernels.triton_attention import paged_attention_triton
+
+        return paged_attention_triton(
+            query,
+            key_cache,
+            value_cache,
+            block_tables,
+            seq_lens,
+            query_start_loc,
+            max_query_len=max_query_len,
+            max_seq_len=max_seq_len,
+            scale=scale,
+            sliding_window=sliding_window,
+            softcap=softcap,
+            out=out,
+        )
+    from vllite.kernels.reference import paged_attention_ref
+
+    return paged_attention_ref(
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
         max_query_len=max_query_len,
         max_seq_len=max_seq_len,
         scale=scale,
@@ -97,10 +122,3 @@ def paged_attention(
         softcap=softcap,
         out=out,
     )
-    if use_triton(query):
-        from vllite.kernels.triton_attention import paged_attention_triton
-
-        return paged_attention_triton(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, **kwargs)
-    from vllite.kernels.reference import paged_attention_ref
-
-    return paged_attention_ref(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, **kwargs)

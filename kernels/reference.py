@@ -121,6 +121,7 @@ def paged_attention_ref(
     lens = seq_lens.to(device=device, dtype=torch.int64)
     is_decode = query_lens == 1
     n_decode = int(is_decode.sum())
+    groups: list[tuple[torch.Tensor | None, int, int]]
     if n_decode in (0, num_seqs):
         groups = [(None, max_query_len, max_seq_len)]
     else:

@@ -22,11 +22,14 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from vllite.exceptions import BenchReplayError
 from vllite.sampling_params import SamplingParams
 from vllite.schedulers.traces import Job
+
+if TYPE_CHECKING:
+    from vllite.sched import Scheduler
 
 #: (request id, new token ids, finished) for every request that progressed in a step.
 StepEvents = list[tuple[str, list[int], bool]]
@@ -93,7 +96,9 @@ class SimBackend:
         sim = config.plugin_config.setdefault("sim", {})
         self.clock: SimClock = sim.setdefault("clock", SimClock())
         self.core = EngineCore(config, executor_class=SimExecutor)
-        self.scheduler = self.core.scheduler
+        # The benchmark compares policies, all subclasses of vllite.sched.Scheduler (the report reads its
+        # kv_cache_manager and num_preemptions_total); the engine core only knows its SchedulerInterface.
+        self.scheduler = cast("Scheduler", self.core.scheduler)
         self.executor = self.core.model_executor
         self.vocab_size = self.executor.vocab_size
         self.num_gpu_blocks = self.core.info.num_gpu_blocks
@@ -141,12 +146,15 @@ class RealBackend:
     virtual = False
 
     def __init__(self, engine_args: Any) -> None:
+        from vllite.engine.core_client import InprocClient
         from vllite.engine.llm_engine import LLMEngine
         from vllite.schedulers.sim_executor import step_load
 
         self.engine = LLMEngine.from_engine_args(engine_args, multiprocess=False)
-        core = self.engine.engine_core.engine_core
-        self.scheduler = core.scheduler
+        client = self.engine.engine_core
+        assert isinstance(client, InprocClient)  # multiprocess=False
+        core = client.engine_core
+        self.scheduler = cast("Scheduler", core.scheduler)  # a policy: see SimBackend
         self.timer = SchedulerTimer(self.scheduler)
         self.vocab_size = core.info.vocab_size
         self.num_gpu_blocks = core.info.num_gpu_blocks

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,7 +184,7 @@ def make_real_args(settings: BenchSettings, scheduler: str, max_context: int) ->
 
 
 def run_sweep(
-    workloads: dict[str, Sequence[Job]],
+    workloads: Mapping[str, Sequence[Job]],
     loads: Sequence[float],
     schedulers: Sequence[str],
     settings: BenchSettings,

@@ -205,7 +205,7 @@ class ContinuumScheduler(Scheduler):
             if info.evicted and self._record_wait is not None:
                 self._record_wait(self.clock() - info.arrived_at)
         if self.release_pin_on_admission and info.job_id in self._pins:
-            self._release_pin(info.job_id, "admitted")  # type: ignore[arg-type]
+            self._release_pin(info.job_id, "admitted")
 
     def on_request_finished(self, request: Request) -> bool:
         """Pins a pinnable turn for the estimator's TTL (returns False), else frees its blocks (True)."""

@@ -14,7 +14,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
@@ -23,6 +23,9 @@ from vllite.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreReque
 from vllite.request import Request, RequestStatus
 from vllite.sched import PauseState, create_scheduler
 from vllite.sched.output import ModelRunnerOutput, SchedulerOutput
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +78,7 @@ class EngineCore:
         self.batch_queue: deque[tuple[Future, SchedulerOutput]] | None = (
             deque(maxlen=self.batch_queue_size) if self.batch_queue_size > 1 else None
         )
-        self._executor_pool = None
+        self._executor_pool: ThreadPoolExecutor | None = None
         self.step_fn = self.step if self.batch_queue is None else self.step_with_batch_queue
         logger.info(
             "Engine core ready: model=%s max_model_len=%d kv_blocks=%d scheduler=%s",
@@ -263,7 +266,7 @@ class EngineCore:
 
     def get_kv_cache_usage(self) -> float:
         stats = self.scheduler.make_stats()
-        return stats.kv_cache_usage if stats is not None else self.scheduler.kv_cache_manager.usage
+        return stats.kv_cache_usage if stats is not None else self.scheduler.get_kv_cache_usage()
 
     def get_engine_info(self) -> dict[str, Any]:
         return msgspec.structs.asdict(self.info)

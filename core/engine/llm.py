@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from vllite.config import EngineArgs
 from vllite.engine.input_processor import PromptType
@@ -70,22 +70,25 @@ class LLM:
         priority: list[int] | None = None,
     ) -> list[RequestOutput]:
         """Generates for every prompt and returns the finished outputs in input order."""
+        # A single prompt (text, a dict, or a list of token ids) or a sequence of them.
+        batch: list[PromptType]
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        prompts = list(prompts)  # type: ignore[arg-type]
+            batch = [cast("PromptType", prompts)]
+        else:
+            batch = list(cast("Sequence[PromptType]", prompts))
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
         if isinstance(sampling_params, SamplingParams):
-            params_list = [sampling_params] * len(prompts)
+            params_list = [sampling_params] * len(batch)
         else:
             params_list = list(sampling_params)
-            if len(params_list) != len(prompts):
+            if len(params_list) != len(batch):
                 raise ValueError(
-                    f"Got {len(params_list)} SamplingParams for {len(prompts)} prompts; give one, or one per prompt."
+                    f"Got {len(params_list)} SamplingParams for {len(batch)} prompts; give one, or one per prompt."
                 )
-        if priority is not None and len(priority) != len(prompts):
-            raise ValueError(f"Got {len(priority)} priorities for {len(prompts)} prompts.")
-        self._add_requests(prompts, params_list, priority)
+        if priority is not None and len(priority) != len(batch):
+            raise ValueError(f"Got {len(priority)} priorities for {len(batch)} prompts.")
+        self._add_requests(batch, params_list, priority)
         return self._run_engine(use_tqdm=use_tqdm)
 
     def chat(
@@ -100,8 +103,11 @@ class LLM:
     ) -> list[RequestOutput]:
         """Generates replies to one conversation or a list of them, through the tokenizer's chat template (or
         ``chat_template``, a Jinja template string, when given)."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = []
+        # One conversation (a list of message dicts) or a list of conversations.
+        conversations = cast(
+            "list[list[dict[str, str]]]", [messages] if messages and isinstance(messages[0], dict) else messages
+        )
+        prompts: list[PromptType] = []
         for conversation in conversations:
             token_ids = self.llm_engine.input_processor.apply_chat_template(
                 conversation,

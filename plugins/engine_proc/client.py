@@ -182,11 +182,13 @@ class MPClient(EngineCoreClient):
         socket)."""
         res = self.resources
         proc = res.proc
+        input_socket = res.input_socket
+        assert input_socket is not None  # bound before the engine process is started
         timeout_s = self.settings.ready_timeout_s
         deadline = time.monotonic() + timeout_s
         poller = zmq.Poller()
         poller.register(handshake, zmq.POLLIN)
-        poller.register(res.input_socket, zmq.POLLIN)
+        poller.register(input_socket, zmq.POLLIN)
         poller.register(proc.sentinel, zmq.POLLIN)
         ready: EngineInfo | None = None
         got_ready_status = False
@@ -207,8 +209,8 @@ class MPClient(EngineCoreClient):
                     handshake.send_multipart([identity, msgspec.msgpack.encode(metadata)])
                 elif status.status == "READY":
                     got_ready_status = True
-            if res.input_socket in events:
-                identity, payload = res.input_socket.recv_multipart()
+            if input_socket in events:
+                identity, payload = input_socket.recv_multipart()
                 if identity != self.core_engine:
                     raise EngineStartupError(f"Unexpected engine identity {identity!r} during start-up.")
                 ready = msgspec.msgpack.decode(payload, type=EngineInfo)

@@ -32,7 +32,7 @@ def process_outputs_socket(
 ) -> None:
     """The client's output thread: decode outputs, resolve utility futures, detect engine death (no ``self``)."""
     decoder = MsgpackDecoder(EngineCoreOutputs)
-    shutdown_socket = resources.ctx.socket(zmq.PAIR)  # type: ignore[union-attr]
+    shutdown_socket = resources.ctx.socket(zmq.PAIR)
     try:
         shutdown_socket.bind(shutdown_path)
         started.set()

@@ -162,6 +162,8 @@ def _run_multiprocessing_finalizers() -> None:
     try:
         from multiprocessing import util
 
-        util._run_finalizers()  # what a normal process exit runs (``util._exit_function``), minus joining children
+        # What a normal process exit runs (``util._exit_function``), minus joining children. Private, so typeshed
+        # does not declare it.
+        util._run_finalizers()  # type: ignore[attr-defined]
     except Exception:
         logger.exception("Running the multiprocessing finalizers failed")

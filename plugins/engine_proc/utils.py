@@ -108,7 +108,8 @@ class EndpointFactory:
             socket.bind(address)
             return address
         host = self.tcp_host
-        bracketed = f"[{host}]" if ":" in host and not host.startswith("[") else host  # type: ignore[operator]
+        assert host is not None  # no IPC directory means a TCP host was given
+        bracketed = f"[{host}]" if ":" in host and not host.startswith("[") else host
         port = socket.bind_to_random_port(f"tcp://{bracketed}")
         return f"tcp://{bracketed}:{port}"
 

@@ -202,7 +202,7 @@ class DefaultExecutor(Executor):
         if runner is None:
             return
         runner.free_kv_cache()
-        runner.model = None  # type: ignore[assignment]
+        runner.model = None
         self.runner = None  # type: ignore[assignment]
         gc.collect()
         if self.device.type == "cuda":

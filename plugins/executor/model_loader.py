@@ -69,7 +69,7 @@ def resolve_dtype(requested: str, hf_config: Any, device: torch.device) -> torch
     return raw
 
 
-def resolve_model_class(hf_config: Any) -> type:
+def resolve_model_class(hf_config: Any) -> type[Any]:
     """The class for the config's architecture: a plugin-registered one first, then transformers' own."""
     architectures = list(getattr(hf_config, "architectures", None) or [])
     registry = _registered_models()
@@ -84,8 +84,8 @@ def resolve_model_class(hf_config: Any) -> type:
         causal_lm_names.update([value] if isinstance(value, str) else value)
     candidates = [a for a in architectures if a in causal_lm_names]
     if not architectures:
-        value = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(hf_config, "model_type", ""))
-        candidates = [value] if isinstance(value, str) else list(value or [])
+        default = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(hf_config, "model_type", ""))
+        candidates = [default] if isinstance(default, str) else list(default or [])
     for name in candidates:
         cls = getattr(transformers, name, None)
         if cls is not None:

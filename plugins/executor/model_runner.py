@@ -58,6 +58,8 @@ class ModelRunner:
         self.device = device
         self.dtype = dtype
         self.block_size = config.cache_config.block_size
+        # The executor resolves max_model_len (EngineConfig.with_limits) before it builds the runner.
+        assert config.model_config.max_model_len is not None
         self.max_model_len = int(config.model_config.max_model_len)
         self.max_num_reqs = config.scheduler_config.max_num_seqs
         self.vocab_size = self._output_vocab_size(model, spec)
@@ -74,7 +76,8 @@ class ModelRunner:
 
     @staticmethod
     def _output_vocab_size(model: torch.nn.Module, spec: ModelSpec) -> int:
-        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        get_output_embeddings = getattr(model, "get_output_embeddings", None)
+        head = get_output_embeddings() if get_output_embeddings is not None else None
         weight = getattr(head, "weight", None)
         return int(weight.shape[0]) if weight is not None else spec.vocab_size
 
@@ -187,9 +190,10 @@ class ModelRunner:
             to_add.append(state)
 
         for i, req_id in enumerate(cached.req_ids):
-            state = self.requests.get(req_id)
-            if state is None:
+            known = self.requests.get(req_id)
+            if known is None:
                 raise BatchStateError(f"Scheduled cached request {req_id!r} is unknown to the executor.")
+            state = known
             state.num_computed_tokens = cached.num_computed_tokens[i]
             tokens_changed = False
             if req_id in cached.all_token_ids:
@@ -229,7 +233,7 @@ class ModelRunner:
         if params.sampling_type != SamplingType.RANDOM_SEED:
             return None
         resumed = previous is not None and len(previous.output_token_ids) == num_output_tokens > 0
-        if resumed and previous.generator is not None:
+        if resumed and previous is not None and previous.generator is not None:
             return previous.generator
         generator = torch.Generator(device=self.device)
         generator.manual_seed(params.seed)
