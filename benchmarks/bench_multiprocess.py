@@ -22,7 +22,7 @@ from vllite.config import EngineArgs
 from vllite.protocol import EngineCoreRequest
 from vllite.sampling_params import SamplingParams
 
-FAKE_EXECUTOR = "vllite.plugins.engine_proc.testing:FakeTokenExecutor"
+FAKE_EXECUTOR = "vllite.testing.executors:PositionTokenExecutor"
 
 
 def _client(multiprocess: bool, **engine_kwargs: Any) -> Any:

@@ -16,7 +16,7 @@ import random
 
 from vllite.config import EngineConfig
 from vllite.sched import Scheduler
-from vllite.sched.testing import FakeExecutor, make_request
+from vllite.testing import ScriptedModelRunner, make_request
 
 
 def make_scheduler(args: argparse.Namespace) -> Scheduler:
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> tuple[float, int, int]:
     prefix_len = args.prefix_blocks * args.block_size
     prefixes = [[rng.randrange(1, 30000) for _ in range(prefix_len)] for _ in range(args.groups)]
     weights = [1.0 / (g + 1) for g in range(args.groups)]
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     num_added = steps = 0
     while num_added < args.requests or s.get_num_unfinished_requests():
         for _ in range(min(args.arrivals_per_step, args.requests - num_added)):

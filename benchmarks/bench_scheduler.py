@@ -16,10 +16,10 @@ import time
 
 from vllite.sched import Scheduler
 from vllite.sched.output import ModelRunnerOutput
-from vllite.sched.testing import make_config, make_request
 from vllite.schedulers.continuum import ContinuumScheduler
 from vllite.schedulers.fcfs import FCFSScheduler
 from vllite.schedulers.priority import PriorityScheduler
+from vllite.testing import make_config, make_request
 
 PROMPT_LEN = 32
 BLOCK_SIZE = 16

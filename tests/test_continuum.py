@@ -1,4 +1,4 @@
-"""The ``continuum`` scheduler with the FakeExecutor and a fake clock: pinning, every release path, queue order,
+"""The ``continuum`` scheduler with the ScriptedModelRunner and a fake clock: pinning, every release path, queue order,
 victim choice with refund, deadlock release, and the released fork's known bugs as regression tests."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import pytest
 from vllite import plugin_manager
 from vllite.request import Request, RequestStatus
 from vllite.sched import create_scheduler
-from vllite.sched.testing import FakeExecutor, make_config, make_request
 from vllite.schedulers.continuum import ContinuumScheduler
 from vllite.schedulers.continuum_queue import ContinuumRequestQueue
 from vllite.schedulers.estimators import FixedTTLEstimator, UtilityEstimator
+from vllite.testing import ScriptedModelRunner, make_config, make_request
 
 BS = 4
 
@@ -91,7 +91,7 @@ def free_usable(s) -> int:
 # ---------------------------------------------------------------------- pinning
 def test_finished_turn_is_pinned_until_ttl_and_next_turn_hits_its_blocks():
     s, clock, _ = build(ttl=5.0)
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     t1 = add(s, "t1", toks(100, 11))  # 11 prompt + 2 output: 12 tokens in KV = 3 full blocks
     run_until_done(s, ex, t1)
     assert t1.status == RequestStatus.FINISHED_LENGTH_CAPPED
@@ -118,7 +118,7 @@ def test_finished_turn_is_pinned_until_ttl_and_next_turn_hits_its_blocks():
 
 def test_ttl_expiry_is_inclusive_and_releases_the_blocks_at_step_start():
     s, clock, _ = build(ttl=2.0)
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     t1 = add(s, "t1", toks(100, 10))
     run_until_done(s, ex, t1)
     clock.now = 1.999
@@ -134,7 +134,7 @@ def test_ttl_expiry_is_inclusive_and_releases_the_blocks_at_step_start():
 def test_expired_pin_is_kept_while_its_job_has_a_request_waiting():
     # One request at a time: while another job runs, J's next turn waits and its expired pin must stay.
     s, clock, _ = build(ttl=1.0, max_num_seqs=1, policy_args={"release_pin_on_admission": False})
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     t1 = add(s, "t1", toks(100, 6))
     run_until_done(s, ex, t1)
     hog = add(s, "hog", toks(500, 6), job=None, max_tokens=10)
@@ -155,7 +155,7 @@ def test_expired_pin_is_kept_while_its_job_has_a_request_waiting():
 
 def test_newer_pin_releases_the_older_one_and_keeps_shared_blocks():
     s, _clock, _ = build(ttl=5.0, policy_args={"release_pin_on_admission": False})
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     t1 = add(s, "t1", toks(100, 11))
     run_until_done(s, ex, t1)
     t1_blocks = s.kv_cache_manager.get_block_ids("t1")
@@ -173,7 +173,7 @@ def test_newer_pin_releases_the_older_one_and_keeps_shared_blocks():
 
 def test_last_step_releases_the_jobs_pins_and_is_not_pinned():
     s, _clock, _ = build(ttl=5.0, policy_args={"release_pin_on_admission": False})
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     t1 = add(s, "t1", toks(100, 10))
     run_until_done(s, ex, t1)
     t2 = add(s, "t2", t1.all_token_ids + toks(900, 5), is_last_step=True)
@@ -186,7 +186,7 @@ def test_last_step_releases_the_jobs_pins_and_is_not_pinned():
 @pytest.mark.parametrize("status", [RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR])
 def test_aborted_or_errored_turn_is_never_pinned(status):
     s, _clock, est = build(ttl=5.0)
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     add(s, "t1", toks(100, 10), max_tokens=20)
     step(s, ex)
     s.finish_requests("t1", status)
@@ -196,13 +196,13 @@ def test_aborted_or_errored_turn_is_never_pinned(status):
 
 def test_no_pin_without_job_id_with_zero_ttl_or_without_prefix_caching():
     s, _, _ = build(ttl=5.0)
-    run_until_done(s, FakeExecutor(), add(s, "a", toks(100, 10), job=None))
+    run_until_done(s, ScriptedModelRunner(), add(s, "a", toks(100, 10), job=None))
     assert s.pinned_jobs == {} and free_usable(s) == 63
     s, _, _ = build(ttl=0.0)
-    run_until_done(s, FakeExecutor(), add(s, "a", toks(100, 10)))
+    run_until_done(s, ScriptedModelRunner(), add(s, "a", toks(100, 10)))
     assert s.pinned_jobs == {} and free_usable(s) == 63
     s, _, _ = build(ttl=5.0, enable_prefix_caching=False)
-    run_until_done(s, FakeExecutor(), add(s, "a", toks(100, 10)))
+    run_until_done(s, ScriptedModelRunner(), add(s, "a", toks(100, 10)))
     assert s.pinned_jobs == {} and free_usable(s) == 63
 
 
@@ -248,7 +248,7 @@ def test_queue_order_preempted_then_pinned_then_program_fcfs():
 def test_scheduler_admits_the_pinned_job_and_the_oldest_program_first():
     # Room for one request at a time: the order of admission is the queue order.
     s, _clock, _ = build(num_blocks=1 + 64, ttl=50.0, max_num_seqs=1)
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     a1 = add(s, "a1", toks(100, 6), job="A", arrival=0.0)
     run_until_done(s, ex, a1)  # A pinned
     add(s, "b1", toks(200, 6), job="B", arrival=1.0)
@@ -267,7 +267,7 @@ def test_victim_prefers_latest_job_and_refunds_an_already_scheduled_victim():
     # X (job arrival 10) is admitted before Y (job arrival 0), so X is scheduled first in the step where Y needs
     # a block: the victim is X, already scheduled — its tokens and blocks must be refunded (the fork's bug).
     s, _clock, _ = build(num_blocks=1 + 4, ttl=0.0)
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     x = add(s, "x", toks(100, 5), job="X", arrival=10.0, max_tokens=11)
     step(s, ex)
     y = add(s, "y", toks(200, 7), job="Y", arrival=0.0, max_tokens=9)
@@ -307,7 +307,7 @@ def _pin_jobs(s, ex, jobs: str) -> None:
 
 def test_running_request_that_needs_a_block_releases_the_latest_jobs_pin_instead_of_preempting():
     s, _clock, _ = build(num_blocks=1 + 9 + 1, ttl=100.0)
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     _pin_jobs(s, ex, "AB")  # 6 blocks pinned, 4 free
     x = add(s, "x", toks(500, 7), job="X", arrival=5.0, max_tokens=20)  # 2 blocks
     y = add(s, "y", toks(700, 7), job="Y", arrival=6.0, max_tokens=20)  # 2 blocks
@@ -333,7 +333,7 @@ def test_running_request_releases_its_own_jobs_pin_last_then_preempts():
     # release_pin_on_admission=False keeps X's pin while x (of job X, the latest job) runs: A's pin is released
     # first although X arrived later; then X's own pin; with no pin left, the base algorithm preempts.
     s, _clock, _ = build(num_blocks=1 + 8, ttl=100.0, policy_args={"release_pin_on_admission": False})
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     _pin_jobs(s, ex, "AX")  # X's job arrival is 1.0, A's 0.0; 6 blocks pinned, 2 free
     x = add(s, "x", toks(500, 7), job="X", arrival=5.0, max_tokens=30)  # 2 blocks, no shared prefix
     step(s, ex)
@@ -358,7 +358,7 @@ def test_running_request_releases_its_own_jobs_pin_last_then_preempts():
 
 def test_running_allocation_failure_preempts_and_keeps_pins_when_configured_off():
     s, _clock, _ = build(num_blocks=1 + 9 + 1, ttl=100.0, policy_args={"release_pins_before_preemption": False})
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     _pin_jobs(s, ex, "AB")
     add(s, "x", toks(500, 7), job="X", arrival=5.0, max_tokens=20)
     add(s, "y", toks(700, 7), job="Y", arrival=6.0, max_tokens=20)
@@ -372,7 +372,7 @@ def test_running_allocation_failure_preempts_and_keeps_pins_when_configured_off(
 # ---------------------------------------------------------------------- deadlock release
 def test_head_that_cannot_fit_releases_pins_latest_job_first_until_it_fits():
     s, _clock, _ = build(num_blocks=1 + 9, ttl=100.0)
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     for i, job in enumerate("ABC"):
         r = add(s, f"{job}1", toks(100 * (i + 1), 10), job=job, arrival=float(i))  # 3 blocks each
         run_until_done(s, ex, r)
@@ -388,7 +388,7 @@ def test_head_that_cannot_fit_releases_pins_latest_job_first_until_it_fits():
 
 def test_head_that_cannot_fit_without_pins_waits_without_crashing():
     s, _, _ = build(num_blocks=1 + 4, ttl=0.0)
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     big = add(s, "big", toks(100, 12), max_tokens=5)
     step(s, ex)
     small = add(s, "small", toks(500, 6), job="S", max_tokens=1)
@@ -403,7 +403,7 @@ def test_lone_running_request_that_cannot_grow_with_pins_recovers(release_first)
     # all others are pinned. Default: the pin is released and the request keeps running. Without
     # release_pins_before_preemption it preempts itself; the next step releases pins and re-admits it.
     s, _clock, _ = build(num_blocks=1 + 6, ttl=100.0, policy_args={"release_pins_before_preemption": release_first})
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     a = add(s, "a1", toks(100, 10), job="A")
     run_until_done(s, ex, a)  # 3 blocks pinned
     lone = add(s, "lone", toks(500, 11), job="L", arrival=1.0, max_tokens=10)  # 3 blocks, needs a 4th at 12+1
@@ -419,7 +419,7 @@ def test_lone_running_request_that_cannot_grow_with_pins_recovers(release_first)
 
 def test_lone_running_request_without_pins_does_not_crash():
     s, _, _ = build(num_blocks=1 + 3, ttl=0.0)
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     lone = add(s, "lone", toks(100, 11), max_tokens=5)  # grows past 3 blocks: cannot ever fit
     for _ in range(6):
         step(s, ex)
@@ -430,7 +430,7 @@ def test_lone_running_request_without_pins_does_not_crash():
 def test_several_pins_expiring_in_one_step_are_all_released():
     # Fork: removed items from the list it iterated over, skipping every other expired pin.
     s, clock, _ = build(ttl=1.0)
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     reqs = [add(s, f"{j}1", toks(100 * (i + 1), 6), job=j) for i, j in enumerate("ABCD")]
     run_until_done(s, ex, *reqs)
     assert len(s.pinned_jobs) == 4
@@ -442,7 +442,7 @@ def test_several_pins_expiring_in_one_step_are_all_released():
 def test_first_turn_with_last_func_call_and_overlapping_turns_do_not_crash():
     # Fork: asserted last_func_call is None on a job's first turn, and crashed (KeyError) on overlapping turns.
     s, _clock, _est = build(ttl=1.0)
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     a = add(s, "a", toks(100, 6), last_func_call="ls")
     b = add(s, "b", toks(200, 6))  # same job, in flight at the same time
     run_until_done(s, ex, a, b)
@@ -468,7 +468,7 @@ def test_client_tool_name_wins_over_parsing_and_parser_used_otherwise():
         tool_parser=Parser(),
         detokenize=lambda ids: " ".join(map(str, ids)),
     )
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     a = add(s, "a", toks(100, 6), job="A", this_func_call="grep")
     b = add(s, "b", toks(200, 6), job="B")
     run_until_done(s, ex, a, b)
@@ -478,7 +478,7 @@ def test_client_tool_name_wins_over_parsing_and_parser_used_otherwise():
 
 def test_reset_prefix_cache_succeeds_with_pins():
     s, _, _ = build(ttl=5.0)
-    run_until_done(s, FakeExecutor(), add(s, "a", toks(100, 10)))
+    run_until_done(s, ScriptedModelRunner(), add(s, "a", toks(100, 10)))
     assert s.pinned_jobs
     assert s.reset_prefix_cache() is True
     assert s.pinned_jobs == {} and free_usable(s) == 63
@@ -486,7 +486,7 @@ def test_reset_prefix_cache_succeeds_with_pins():
 
 def test_reused_request_id_of_a_pinned_request_releases_the_pin():
     s, _, _ = build(ttl=5.0)
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     run_until_done(s, ex, add(s, "a", toks(100, 10)))
     again = add(s, "a", toks(300, 6), job="K")
     assert s.pinned_jobs == {} and s.pin_stats["id_reused"] == 1
@@ -496,7 +496,7 @@ def test_reused_request_id_of_a_pinned_request_releases_the_pin():
 # ---------------------------------------------------------------------- estimator feed and bounded state
 def test_estimator_sees_arrivals_finishes_and_evicted_waits():
     s, clock, est = build(ttl=0.0)  # nothing pinned: every later turn is "evicted"
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     t1 = add(s, "t1", toks(100, 6))
     run_until_done(s, ex, t1)
     clock.now = 3.0
@@ -510,7 +510,7 @@ def test_estimator_sees_arrivals_finishes_and_evicted_waits():
 
 def test_job_state_is_bounded():
     s, clock, _ = build(ttl=0.0, policy_args={"job_idle_timeout_s": 10.0, "max_jobs": 5})
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     for i in range(40):
         r = add(s, f"r{i}", toks(100 + i, 5), job=f"job{i}", arrival=float(i))
         run_until_done(s, ex, r)

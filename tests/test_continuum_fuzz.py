@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 import pytest
 
 from vllite.request import Request, RequestStatus
-from vllite.sched.testing import FakeExecutor, make_config, make_request
 from vllite.schedulers.continuum import ContinuumScheduler
 from vllite.schedulers.estimators import FixedTTLEstimator, UtilityEstimator
+from vllite.testing import ScriptedModelRunner, make_config, make_request
 
 BS = 4
 MAX_MODEL_LEN = 64
@@ -84,7 +84,7 @@ def test_fuzz_continuum(estimator: str, release_on_admission: bool, release_befo
     est = UtilityEstimator(config) if estimator == "utility" else FixedTTLEstimator(config)
     now = [0.0]
     s = ContinuumScheduler(config, num_blocks, clock=lambda: now[0], step_observer=None, estimator=est)
-    ex = FakeExecutor(choose=lambda rid, pos: rng.randrange(10, 500))
+    ex = ScriptedModelRunner(choose=lambda rid, pos: rng.randrange(10, 500))
     tools = ["ls", "grep", "pytest", None]
     jobs: list[Job] = []
     next_job = 0

@@ -11,7 +11,7 @@ from vllite.exceptions import ModelExecutionError
 from vllite.protocol import EngineCoreRequest, FinishReason
 from vllite.sampling_params import SamplingParams
 
-FAKE = "vllite.plugins.engine_proc.testing:FakeTokenExecutor"
+FAKE = "vllite.testing.executors:PositionTokenExecutor"
 
 
 def make_core(**fake_options) -> EngineCore:

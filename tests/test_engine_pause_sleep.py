@@ -13,7 +13,7 @@ from vllite.config import EngineArgs
 from vllite.engine.llm_engine import LLMEngine
 from vllite.sampling_params import SamplingParams
 
-FAKE_EXECUTOR = "vllite.plugins.engine_proc.testing:FakeTokenExecutor"
+FAKE_EXECUTOR = "vllite.testing.executors:PositionTokenExecutor"
 TOKEN_BASE = 1000
 
 

@@ -1,6 +1,6 @@
 """The engine core in its own process: handshake, utility RPC, pause modes, aborts, hostile frames, cleanup.
 
-A model-free executor (``FakeTokenExecutor``: token ``1000 + position``) makes every expected output known, so
+A model-free executor (``PositionTokenExecutor``: token ``1000 + position``) makes every expected output known, so
 these tests exercise the process plumbing only; ``test_engine_proc_faults.py`` covers deaths and shutdowns.
 """
 
@@ -23,7 +23,7 @@ from vllite.exceptions import EngineStartupError, UtilityCallError
 from vllite.protocol import EngineCoreRequest, EngineCoreRequestType, FinishReason
 from vllite.sampling_params import SamplingParams
 
-FAKE_EXECUTOR = "vllite.plugins.engine_proc.testing:FakeTokenExecutor"
+FAKE_EXECUTOR = "vllite.testing.executors:PositionTokenExecutor"
 
 
 def ensure_engine_proc_plugin() -> None:

@@ -117,7 +117,7 @@ def test_llm_uses_the_multiprocess_client_by_default(monkeypatch):
     ensure_engine_proc_plugin()
     try:
         llm = LLM(
-            executor="vllite.plugins.engine_proc.testing:FakeTokenExecutor",
+            executor="vllite.testing.executors:PositionTokenExecutor",
             skip_tokenizer_init=True,
             max_model_len=128,
         )

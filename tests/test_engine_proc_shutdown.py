@@ -18,13 +18,13 @@ import pytest
 
 from tests.test_engine_proc import Collector, expected_tokens, make_config, request
 from vllite.executor import ModelInfo
-from vllite.plugins.engine_proc.testing import FakeTokenExecutor
+from vllite.testing import PositionTokenExecutor
 
 # Far below the client's kill fallback (shutdown_timeout_s + 5 s) and the engine's 4 s socket linger.
 FAST_SHUTDOWN_S = 2.0
 
 
-class SemaphoreProbeExecutor(FakeTokenExecutor):
+class SemaphoreProbeExecutor(PositionTokenExecutor):
     """Creates a named multiprocessing semaphore (as tqdm does while weights load) and records its name."""
 
     def _init_executor(self) -> ModelInfo:

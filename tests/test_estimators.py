@@ -9,7 +9,6 @@ import pytest
 
 from vllite.request import Request
 from vllite.sampling_params import SamplingParams
-from vllite.sched.testing import make_config
 from vllite.schedulers.estimators import (
     MIN_TTL_S,
     DurationHistory,
@@ -19,6 +18,7 @@ from vllite.schedulers.estimators import (
     best_ttl,
     exp_default_ttl,
 )
+from vllite.testing import make_config
 
 
 def turn(rid: str, job: str | None = "J", tool: str | None = None, n: int = 10, **extra) -> Request:

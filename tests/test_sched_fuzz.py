@@ -9,9 +9,9 @@ import pytest
 
 from vllite.request import RequestStatus
 from vllite.sched import Scheduler
-from vllite.sched.testing import FakeExecutor, make_config, make_request
 from vllite.schedulers.fcfs import FCFSScheduler
 from vllite.schedulers.priority import PriorityScheduler
+from vllite.testing import ScriptedModelRunner, make_config, make_request
 
 NUM_STEPS = 10_000
 BLOCK_SIZE = 4
@@ -60,7 +60,7 @@ def test_fuzz_invariants(cls: type[Scheduler]) -> None:
     )
     s = cls(config, num_blocks, step_observer=None)
     prefixes = [[rng.randrange(10, 500) for _ in range(12)] for _ in range(4)]
-    ex = FakeExecutor(
+    ex = ScriptedModelRunner(
         choose=lambda rid, pos: EOS if rng.random() < 0.03 else rng.randrange(10, 500),
         accept=lambda rid, drafts: rng.randrange(len(drafts) + 1),
     )

@@ -8,8 +8,8 @@ from typing import Any, ClassVar
 import pytest
 
 from vllite.sched import Scheduler, create_scheduler
-from vllite.sched.testing import make_config
 from vllite.schedulers.continuum import ContinuumScheduler
+from vllite.testing import make_config
 
 
 def config_with(policy_args: dict[str, Any], **config_kw: Any):

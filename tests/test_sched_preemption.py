@@ -12,9 +12,9 @@ from vllite.exceptions import PluginLoadError, UnknownComponentError
 from vllite.hookspecs import hookimpl
 from vllite.request import Request, RequestStatus
 from vllite.sched import Scheduler, create_scheduler
-from vllite.sched.testing import FakeExecutor, make_config, make_request
 from vllite.schedulers.fcfs import FCFSScheduler
 from vllite.schedulers.priority import PriorityScheduler
+from vllite.testing import ScriptedModelRunner, make_config, make_request
 
 
 @pytest.fixture
@@ -39,17 +39,17 @@ def add(s: Scheduler, rid: str, n: int, **kw) -> Request:
     return request
 
 
-def step(s: Scheduler, ex: FakeExecutor):
+def step(s: Scheduler, ex: ScriptedModelRunner):
     so = s.schedule()
     s.update_from_output(so, ex.execute(so))
     return so
 
 
-def three_decoders(cls: type[Scheduler], priorities=(0, 0, 0)) -> tuple[Scheduler, FakeExecutor]:
+def three_decoders(cls: type[Scheduler], priorities=(0, 0, 0)) -> tuple[Scheduler, ScriptedModelRunner]:
     """A, B, C with 7-token prompts in 6 usable blocks: after two steps each holds 2 full blocks and needs a
     third for its next token."""
     s = build(cls, num_blocks=7)
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     for i, (rid, prio) in enumerate(zip("ABC", priorities)):
         add(s, rid, 7, priority=prio, arrival_time=float(i))
     assert step(s, ex).num_scheduled_tokens == {"A": 7, "B": 7, "C": 7}
@@ -91,7 +91,7 @@ def test_priority_refunds_an_already_scheduled_victim():
     block, so V is preempted after being scheduled: its tokens go back to the budget, it leaves the output, and
     the blocks its chunk would have filled are never registered in the prefix cache."""
     s = build(PriorityScheduler, num_blocks=10, max_num_batched_tokens=14, long_prefill_token_threshold=10)
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     v = add(s, "V", 30, priority=5)
     assert step(s, ex).num_scheduled_tokens == {"V": 10}
     r = add(s, "R", 4, priority=0, arrival_time=1.0)
@@ -111,7 +111,7 @@ def test_priority_victim_before_the_cursor_does_not_skip_the_next_request():
     """vLLM's priority regression: V (priority 9) runs first; B (0) needs a block and V, already scheduled, is
     preempted. The list shrinks ahead of the cursor, and C (1), behind B, must still be scheduled."""
     s = build(PriorityScheduler, num_blocks=9, max_num_batched_tokens=16, long_prefill_token_threshold=8)
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     add(s, "V", 40, priority=9)
     step(s, ex)
     add(s, "B", 4, priority=0, arrival_time=1.0)
@@ -139,7 +139,7 @@ class VictimPlugin:
 
 def lcf_scenario(s: Scheduler) -> list:
     """A (5), B (3), C (7) in 6 usable blocks: on step 3, B takes the last free block and C needs one more."""
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     add(s, "A", 5)
     add(s, "B", 3)
     add(s, "C", 7)

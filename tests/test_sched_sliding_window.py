@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 
 from vllite.sched import Scheduler, create_scheduler
-from vllite.sched.testing import FakeExecutor, make_config, make_request
+from vllite.testing import ScriptedModelRunner, make_config, make_request
 
 BS = 4
 
 
 def test_blocks_outside_the_window_return_to_the_pool_as_decoding_proceeds() -> None:
     s = Scheduler(make_config(block_size=BS), 1 + 64, step_observer=None, sliding_window=8)
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     request = make_request(s, "r", list(range(100, 120)), max_tokens=40)  # 20 prompt tokens = 5 blocks
     s.add_request(request)
     kv = s.kv_cache_manager
@@ -31,7 +31,7 @@ def test_blocks_outside_the_window_return_to_the_pool_as_decoding_proceeds() -> 
 def test_without_a_window_every_block_is_kept() -> None:
     s = create_scheduler(make_config(block_size=BS), 1 + 64)
     assert s.kv_cache_manager.sliding_window is None
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     s.add_request(make_request(s, "r", list(range(100, 120)), max_tokens=20))
     for _ in range(10):
         so = s.schedule()

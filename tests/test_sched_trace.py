@@ -9,8 +9,8 @@ import pytest
 
 from vllite import plugin_manager
 from vllite.sched import FCFSRequestQueue, PriorityRequestQueue, create_request_queue, create_scheduler
-from vllite.sched.testing import FakeExecutor, make_config, make_request
 from vllite.schedulers import trace
+from vllite.testing import ScriptedModelRunner, make_config, make_request
 
 
 @pytest.fixture
@@ -26,7 +26,7 @@ def fresh_plugins(monkeypatch):
 
 
 def run(s, steps: int) -> None:
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     for _ in range(steps):
         so = s.schedule()
         s.update_from_output(so, ex.execute(so))

@@ -1,4 +1,4 @@
-"""The token-budget scheduler with a fake executor: budgets, chunked prefill, prefix caching, stops, aborts,
+"""The token-budget scheduler with a scripted model runner: budgets, chunked prefill, prefix caching, stops, aborts,
 pause states, speculative decoding, the executor-facing output and stats."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from vllite.protocol import EngineCoreEventType, FinishReason
 from vllite.request import RequestStatus
 from vllite.sched import PauseState, Scheduler
 from vllite.sched.output import ModelRunnerOutput
-from vllite.sched.testing import FakeExecutor, make_config, make_model_runner_output, make_request
+from vllite.testing import ScriptedModelRunner, make_config, make_model_runner_output, make_request
 
 
 def build(num_blocks: int = 200, log_stats: bool = False, **config_kw) -> Scheduler:
@@ -23,7 +23,7 @@ def add(s: Scheduler, rid: str, prompt: list[int], **kw):
     return request
 
 
-def run_steps(s: Scheduler, ex: FakeExecutor, n: int) -> list[dict[str, int]]:
+def run_steps(s: Scheduler, ex: ScriptedModelRunner, n: int) -> list[dict[str, int]]:
     trace = []
     for _ in range(n):
         so = s.schedule()
@@ -63,7 +63,7 @@ def test_default_running_allocation_hook_is_false_and_preemption_follows():
     a = add(s, "A", prompt(0, 4), max_tokens=10)
     assert s.on_running_allocation_failed(a) is False
     b = add(s, "B", prompt(100, 4), max_tokens=10)
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     run_steps(s, ex, 1)  # 1 block each: the cache is full
     so = s.schedule()  # A needs a second block: FCFS preempts B (the last admitted)
     assert so.preempted_req_ids == {"B"} and so.num_scheduled_tokens == {"A": 1}
@@ -72,7 +72,7 @@ def test_default_running_allocation_hook_is_false_and_preemption_follows():
 
 def test_running_allocation_hook_frees_blocks_and_the_allocation_is_retried_without_preemption():
     s = KeepFinishedBlocks(make_config(block_size=4), 1 + 3, step_observer=None)
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     done = add(s, "done", prompt(0, 3), max_tokens=1)
     run_steps(s, ex, 1)
     assert done.is_finished() and s.kv_cache_manager.num_free_blocks == 2  # its block is kept by the policy
@@ -95,7 +95,7 @@ def test_token_budget_trace_with_chunked_prefill():
     add(s, "A", prompt(100, 10))
     add(s, "B", prompt(200, 20))
     add(s, "C", prompt(300, 5))
-    trace = run_steps(s, FakeExecutor(), 5)
+    trace = run_steps(s, ScriptedModelRunner(), 5)
     assert trace == [
         {"A": 10, "B": 6},  # B's prompt is chunked; C waits for budget
         {"A": 1, "B": 14, "C": 1},  # running first (A decodes, B finishes its prompt), then C's first chunk
@@ -110,7 +110,7 @@ def test_chunked_prefill_off_admits_whole_prompts_or_stops():
     add(s, "A", prompt(100, 10))
     add(s, "B", prompt(200, 12))
     add(s, "C", prompt(300, 4))  # would fit in step 1, but B blocks the queue
-    trace = run_steps(s, FakeExecutor(), 3)
+    trace = run_steps(s, ScriptedModelRunner(), 3)
     assert trace == [{"A": 10}, {"A": 1, "B": 12}, {"A": 1, "B": 1, "C": 4}]
 
 
@@ -118,7 +118,7 @@ def test_long_prefill_threshold_caps_each_request():
     s = build(max_num_batched_tokens=32, long_prefill_token_threshold=4)
     for rid in "ABC":
         add(s, rid, prompt(ord(rid) * 100, 10))
-    assert run_steps(s, FakeExecutor(), 4) == [
+    assert run_steps(s, ScriptedModelRunner(), 4) == [
         {"A": 4, "B": 4, "C": 4},
         {"A": 4, "B": 4, "C": 4},
         {"A": 2, "B": 2, "C": 2},
@@ -130,12 +130,12 @@ def test_max_num_seqs_caps_admission():
     s = build(max_num_batched_tokens=64, max_num_seqs=2)
     for rid in "ABC":
         add(s, rid, prompt(ord(rid) * 100, 3), max_tokens=2)
-    assert run_steps(s, FakeExecutor(), 3) == [{"A": 3, "B": 3}, {"A": 1, "B": 1}, {"C": 3}]
+    assert run_steps(s, ScriptedModelRunner(), 3) == [{"A": 3, "B": 3}, {"A": 1, "B": 1}, {"C": 3}]
 
 
 def test_budget_shared_by_decodes_and_prefill_and_running_keeps_order():
     s = build(max_num_batched_tokens=8)
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     add(s, "A", prompt(100, 3))
     add(s, "B", prompt(200, 3))
     run_steps(s, ex, 1)
@@ -147,7 +147,7 @@ def test_budget_shared_by_decodes_and_prefill_and_running_keeps_order():
 # ---------------------------------------------------------------------- prefix caching
 def test_prefix_cache_hits_are_block_aligned_and_leave_one_token():
     s = build(block_size=4)
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     base = prompt(500, 13)
     add(s, "A", base)
     run_steps(s, ex, 1)
@@ -169,7 +169,7 @@ def test_prefix_cache_disabled_means_no_hits():
     s = build(enable_prefix_caching=False)
     assert s.block_hasher is None
     add(s, "A", prompt(500, 13))
-    run_steps(s, FakeExecutor(), 1)
+    run_steps(s, ScriptedModelRunner(), 1)
     add(s, "B", prompt(500, 13))
     so = s.schedule()
     assert so.num_scheduled_tokens["B"] == 13
@@ -177,7 +177,7 @@ def test_prefix_cache_disabled_means_no_hits():
 
 def test_prefix_hit_after_the_first_request_finished():
     s = build(block_size=4, log_stats=True)
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     add(s, "A", prompt(500, 9), max_tokens=1)
     run_steps(s, ex, 1)
     assert not s.requests and s.kv_cache_manager.num_cached_blocks == 2
@@ -190,7 +190,7 @@ def test_prefix_hit_after_the_first_request_finished():
 def test_prefix_stats_count_a_blocked_request_once():
     """A waiting request refused blocks for several steps is one lookup, recorded when it is admitted."""
     s = build(num_blocks=1 + 3, block_size=4, log_stats=True)
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     add(s, "A", prompt(500, 9), max_tokens=4)  # 3 blocks of 3: B cannot be admitted while A runs
     run_steps(s, ex, 1)
     b = add(s, "B", prompt(500, 9), max_tokens=1)
@@ -208,7 +208,7 @@ def test_prefix_stats_count_a_blocked_request_once():
 # ---------------------------------------------------------------------- stop conditions
 def one_request_run(s: Scheduler, tokens: list[int], **kw):
     r = add(s, "R", prompt(10, 4), **kw)
-    ex = FakeExecutor({"R": tokens})
+    ex = ScriptedModelRunner({"R": tokens})
     outs = []
     for _ in range(len(tokens) + 2):
         if not s.has_unfinished_requests():
@@ -251,7 +251,7 @@ def test_max_tokens():
 def test_max_model_len_caps_and_stops():
     s = build(max_model_len=8, max_num_batched_tokens=8)
     r = add(s, "R", prompt(10, 6), max_tokens=None)
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     trace = run_steps(s, ex, 3)
     assert trace == [{"R": 6}, {"R": 1}, {}]
     assert r.num_tokens == 8 and r.status == RequestStatus.FINISHED_LENGTH_CAPPED
@@ -269,7 +269,7 @@ def test_prompt_longer_than_max_model_len_and_duplicates_are_rejected():
 # ---------------------------------------------------------------------- aborts
 def test_abort_in_waiting_running_and_preempted_states_is_idempotent():
     s = build(num_blocks=5, block_size=4, max_num_batched_tokens=32)  # 4 usable blocks
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     add(s, "A", prompt(100, 7))
     add(s, "B", prompt(200, 7))
     run_steps(s, ex, 2)  # both hold 2 blocks, 9 tokens each
@@ -295,7 +295,7 @@ def test_abort_in_waiting_running_and_preempted_states_is_idempotent():
 
 def test_abort_all_and_abort_while_model_runs():
     s = build()
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     add(s, "A", prompt(0, 5))
     add(s, "B", prompt(10, 5))
     so = s.schedule()
@@ -311,7 +311,7 @@ def test_abort_all_and_abort_while_model_runs():
 # ---------------------------------------------------------------------- pause states
 def test_pause_states():
     s = build()
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     add(s, "A", prompt(0, 4))
     run_steps(s, ex, 1)
     add(s, "B", prompt(10, 4))
@@ -333,7 +333,7 @@ def test_pause_states():
 def test_spec_decode_accept_and_reject_accounting():
     s = build(max_num_batched_tokens=64)
     r = add(s, "R", prompt(0, 5))
-    ex = FakeExecutor(accept=lambda rid, drafts: 1)  # first draft accepted, the rest rejected
+    ex = ScriptedModelRunner(accept=lambda rid, drafts: 1)  # first draft accepted, the rest rejected
     run_steps(s, ex, 1)
     assert (r.num_tokens, r.num_computed_tokens) == (6, 5)
     s.update_draft_token_ids({"R": [7, 8, 9], "gone": [1]})
@@ -350,7 +350,7 @@ def test_spec_decode_accept_and_reject_accounting():
 def test_spec_tokens_trimmed_by_budget_and_stop_inside_drafts():
     s = build(max_num_batched_tokens=3)
     r = add(s, "R", prompt(0, 3), eos_token_id=8)
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     run_steps(s, ex, 1)
     s.update_draft_token_ids({"R": [7, 8, 9, 10]})
     so = s.schedule()
@@ -372,7 +372,7 @@ def test_drafts_ignored_during_prefill_and_lookahead_slots_allocated():
 # ---------------------------------------------------------------------- executor-facing output
 def test_cached_request_data_sends_only_changes():
     s = build(max_num_batched_tokens=8, block_size=4)
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     add(s, "A", prompt(0, 6))
     add(s, "B", prompt(10, 2))
     so = s.schedule()
@@ -398,7 +398,7 @@ def test_cached_request_data_sends_only_changes():
 
 def test_resumed_request_comes_as_new_request_data_with_outputs():
     s = build(num_blocks=5, block_size=4, max_num_batched_tokens=32)
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     add(s, "A", prompt(100, 7), max_tokens=3)
     add(s, "B", prompt(200, 7))
     run_steps(s, ex, 2)
@@ -416,7 +416,7 @@ def test_resumed_request_comes_as_new_request_data_with_outputs():
 
 def test_outputs_grouped_by_client_with_finished_sets():
     s = build()
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     add(s, "A", prompt(0, 3), client_index=0, max_tokens=1)
     add(s, "B", prompt(10, 3), client_index=1, max_tokens=2)
     so = s.schedule()
@@ -441,7 +441,7 @@ def test_events_and_stats():
     assert [e.type for e in a.events] == [EngineCoreEventType.QUEUED]
     now[0] = 11.0
     so = s.schedule()
-    out = s.update_from_output(so, FakeExecutor().execute(so))
+    out = s.update_from_output(so, ScriptedModelRunner().execute(so))
     (o,) = out[0].outputs
     assert [(e.type, e.timestamp) for e in o.events] == [
         (EngineCoreEventType.QUEUED, 10.0),
@@ -455,7 +455,7 @@ def test_events_and_stats():
 
 def test_reset_prefix_cache():
     s = build(block_size=4)
-    ex = FakeExecutor()
+    ex = ScriptedModelRunner()
     add(s, "A", prompt(0, 9))
     run_steps(s, ex, 1)
     assert s.reset_prefix_cache() is False  # A holds blocks

@@ -8,7 +8,7 @@ import sys
 from vllite_shortest_prompt import ShortestPromptQueue, ShortestPromptScheduler
 
 from vllite.request import RequestStatus
-from vllite.sched.testing import make_config, make_request
+from vllite.testing import make_config, make_request
 
 
 def _scheduler(**kw):
