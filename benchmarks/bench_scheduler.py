@@ -14,11 +14,11 @@ import gc
 import statistics
 import time
 
+from vllite.policies.continuum import ContinuumScheduler
+from vllite.policies.fcfs import FCFSScheduler
+from vllite.policies.priority import PriorityScheduler
 from vllite.sched import Scheduler
 from vllite.sched.output import ModelRunnerOutput
-from vllite.schedulers.continuum import ContinuumScheduler
-from vllite.schedulers.fcfs import FCFSScheduler
-from vllite.schedulers.priority import PriorityScheduler
 from vllite.testing import make_config, make_request
 
 PROMPT_LEN = 32

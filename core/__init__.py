@@ -8,7 +8,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from vllite import deprecated_aliases
 from vllite.version import __version__
+
+deprecated_aliases.install()  # vllite.schedulers, vllite.plugins.executor: old names for one release
 
 if TYPE_CHECKING:
     from vllite.config import EngineArgs

@@ -32,12 +32,12 @@ ENTRY_POINT_GROUP = "vllite"
 
 # Every builtin is a plugin registered through the same hooks as third parties, in this order.
 BUILTIN_PLUGINS: tuple[str, ...] = (
-    "vllite.schedulers.builtin",
-    "vllite.schedulers.trace",
-    "vllite.schedulers.continuum_plugin",
-    "vllite.schedulers.bench_plugin",
+    "vllite.policies.builtin",
+    "vllite.policies.trace",
+    "vllite.policies.continuum_plugin",
+    "vllite.policies.bench_plugin",
     "vllite.builtin_logitsprocs.plugin",
-    "vllite.plugins.executor.plugin",
+    "vllite.plugins.transformers_executor.plugin",
     "vllite.engine.builtin_plugin",
     "vllite.plugins.engine_proc.plugin",
     "vllite.cli_commands",

@@ -1,4 +1,8 @@
-"""Scheduling policies and the tools around them, each registered by a builtin plugin module.
+"""``vllite.policies``: scheduling policies and the tools around them, each registered by a builtin plugin module.
+
+Not to be confused with ``vllite.sched``, the scheduling *algorithm* (``Scheduler``, ``SchedulerOutput``, the
+KV-aware token budget) that these policies subclass. The folder is ``schedulers/``; its old import name
+``vllite.schedulers`` is a deprecated alias for one release.
 
 Policies: ``fcfs``, ``priority`` and ``continuum`` (with ``continuum_queue`` and ``continuum_turns``), small
 subclasses of ``vllite.sched.Scheduler`` that override narrow decisions; Continuum's tool-call estimators

@@ -2,7 +2,7 @@
 
 One event loop serves two backends:
 
-- :class:`SimBackend` — ``EngineCore`` with the simulated executor (``vllite.schedulers.sim_executor``) on a
+- :class:`SimBackend` — ``EngineCore`` with the simulated executor (``vllite.policies.sim_executor``) on a
   :class:`SimClock` it shares with the scheduler. Discrete-event: each engine step advances virtual time by its
   modelled cost; job arrivals and tool completions are delivered when the clock reaches them; when the engine is
   idle the clock jumps to the next event. Paper-scale workloads replay in minutes of CPU time.
@@ -12,7 +12,7 @@ Each turn's prompt is the job's history (earlier prompts and the outputs the eng
 turn's new tokens, so prefix caching sees what it would see in an agent; output lengths are forced with
 ``max_tokens`` and ``ignore_eos``. Requests carry ``extra_args`` ``{job_id, is_last_step, this_func_call}``, what
 the Continuum scheduler reads. Sweeps, results and the report (``run_sweep``, ``RunResult``, ``write_report``,
-...) live in :mod:`vllite.schedulers.agent_report`; they are re-exported here, so imports from this module still work.
+...) live in :mod:`vllite.policies.agent_report`; they are re-exported here, so imports from this module still work.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from vllite.exceptions import BenchReplayError
+from vllite.policies.traces import Job
 from vllite.sampling_params import SamplingParams
-from vllite.schedulers.traces import Job
 
 if TYPE_CHECKING:
     from vllite.sched import Scheduler
@@ -91,7 +91,7 @@ class SimBackend:
 
     def __init__(self, config: Any) -> None:
         from vllite.engine.core import EngineCore
-        from vllite.schedulers.sim_executor import SimClock, SimExecutor
+        from vllite.policies.sim_executor import SimClock, SimExecutor
 
         sim = config.plugin_config.setdefault("sim", {})
         self.clock: SimClock = sim.setdefault("clock", SimClock())
@@ -148,7 +148,7 @@ class RealBackend:
     def __init__(self, engine_args: Any) -> None:
         from vllite.engine.core_client import InprocClient
         from vllite.engine.llm_engine import LLMEngine
-        from vllite.schedulers.sim_executor import step_load
+        from vllite.policies.sim_executor import step_load
 
         self.engine = LLMEngine.from_engine_args(engine_args, multiprocess=False)
         client = self.engine.engine_core
@@ -320,7 +320,7 @@ def replay(
 
 
 # ---------------------------------------------------------------------------------------------- re-exports
-#: Public names that live in :mod:`vllite.schedulers.agent_report` (which imports this module), loaded on first use.
+#: Public names that live in :mod:`vllite.policies.agent_report` (which imports this module), loaded on first use.
 _REPORT_NAMES = (
     "percentile", "RunResult", "run_one", "BenchSettings", "make_sim_config", "make_real_args", "run_sweep",
     "REPORT_FIELDS", "speedups", "write_report", "plot_jct",
@@ -328,10 +328,10 @@ _REPORT_NAMES = (
 
 
 def __getattr__(name: str) -> Any:
-    """Re-exports the sweep and report names from :mod:`vllite.schedulers.agent_report`."""
+    """Re-exports the sweep and report names from :mod:`vllite.policies.agent_report`."""
     if name not in _REPORT_NAMES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from vllite.schedulers import agent_report
+    from vllite.policies import agent_report
 
     value = getattr(agent_report, name)
     globals()[name] = value

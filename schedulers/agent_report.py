@@ -4,7 +4,7 @@
 :func:`run_one`, which collects a :class:`RunResult` per replay; :func:`write_report` writes ``results.json``,
 ``results.csv`` (one :meth:`RunResult.summary` row per replay, with :func:`speedups` against FCFS), the measured
 step profile of real-engine runs and ``jct_vs_load.png`` (:func:`plot_jct`). The replay itself (event loop and
-backends) is :mod:`vllite.schedulers.agent_bench`.
+backends) is :mod:`vllite.policies.agent_bench`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllite.schedulers.agent_bench import RealBackend, SimBackend, replay
-from vllite.schedulers.traces import Job
+from vllite.policies.agent_bench import RealBackend, SimBackend, replay
+from vllite.policies.traces import Job
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ def _engine_args(settings: BenchSettings, scheduler: str, max_model_len: int, **
 
 def make_sim_config(settings: BenchSettings, scheduler: str, max_context: int) -> Any:
     """The ``EngineConfig`` of one simulated run (fresh virtual clock, same KV budget for every scheduler)."""
-    from vllite.schedulers.sim_executor import DEFAULT_MAX_MODEL_LEN
+    from vllite.policies.sim_executor import DEFAULT_MAX_MODEL_LEN
 
     args = _engine_args(
         settings,
@@ -192,7 +192,7 @@ def run_sweep(
     log: Callable[[str], None] = print,
 ) -> list[RunResult]:
     """Every (workload, load, scheduler), with the same jobs and Poisson arrivals for every scheduler."""
-    from vllite.schedulers.traces import poisson_arrivals
+    from vllite.policies.traces import poisson_arrivals
 
     results: list[RunResult] = []
     for workload, jobs in workloads.items():

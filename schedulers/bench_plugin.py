@@ -3,7 +3,7 @@
 Only this module loads at start-up: the simulator and the trace replay (``sim_executor``, ``traces``,
 ``agent_bench``, ``agent_report``) are imported when ``--device sim`` or ``vllite bench agent`` runs.
 
-``vllite bench agent`` replays agent traces (``vllite.schedulers.traces``) against several schedulers on the same
+``vllite bench agent`` replays agent traces (``vllite.policies.traces``) against several schedulers on the same
 KV budget, on the simulated executor (virtual time, default) or a real model (wall time), and writes
 ``results.json``, ``results.csv`` and ``jct_vs_load.png``. See ``docs/agent-bench.md``.
 """
@@ -27,12 +27,12 @@ class _LazySimExecutor:
     execute_model = None  # the plugin manager checks that an executor entry has this attribute
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from vllite.schedulers.sim_executor import SimExecutor
+        from vllite.policies.sim_executor import SimExecutor
 
         return SimExecutor(*args, **kwargs)
 
     def __repr__(self) -> str:
-        return "<executor vllite.schedulers.sim_executor:SimExecutor>"
+        return "<executor vllite.policies.sim_executor:SimExecutor>"
 
 
 @hookimpl
@@ -85,8 +85,8 @@ class AgentBench:
         add("--no-plot", action="store_true", help="Skip the PNG plot.")
 
     def run(self, args: argparse.Namespace) -> int:
-        from vllite.schedulers.agent_report import BenchSettings, run_sweep, speedups, write_report
-        from vllite.schedulers.traces import generate_trace, read_trace, trace_stats, write_trace
+        from vllite.policies.agent_report import BenchSettings, run_sweep, speedups, write_report
+        from vllite.policies.traces import generate_trace, read_trace, trace_stats, write_trace
 
         if args.trace:
             workloads = {Path(args.trace).stem: read_trace(args.trace)}

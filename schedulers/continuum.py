@@ -39,11 +39,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from vllite.policies.continuum_queue import ContinuumRequestQueue
+from vllite.policies.continuum_turns import turn_info
+from vllite.policies.estimators import FixedTTLEstimator, UtilityEstimator
 from vllite.request import Request, RequestStatus
 from vllite.sched import RequestQueue, Scheduler
-from vllite.schedulers.continuum_queue import ContinuumRequestQueue
-from vllite.schedulers.continuum_turns import turn_info
-from vllite.schedulers.estimators import FixedTTLEstimator, UtilityEstimator
 
 if TYPE_CHECKING:
     from vllite.config import EngineConfig

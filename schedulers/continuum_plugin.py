@@ -9,7 +9,7 @@ from vllite.hookspecs import Register, hookimpl
 @hookimpl
 def vllite_register_schedulers(register: Register) -> None:
     """Registers ``continuum`` (ContinuumScheduler)."""
-    from vllite.schedulers.continuum import ContinuumScheduler
+    from vllite.policies.continuum import ContinuumScheduler
 
     register("continuum", ContinuumScheduler)
 
@@ -17,7 +17,7 @@ def vllite_register_schedulers(register: Register) -> None:
 @hookimpl
 def vllite_register_tool_call_estimators(register: Register) -> None:
     """Registers ``fixed`` (the released fork's 2 s rule) and ``utility`` (the paper's Eq. 2, the default)."""
-    from vllite.schedulers.estimators import FixedTTLEstimator, UtilityEstimator
+    from vllite.policies.estimators import FixedTTLEstimator, UtilityEstimator
 
     register("fixed", FixedTTLEstimator)
     register("utility", UtilityEstimator)
@@ -26,7 +26,7 @@ def vllite_register_tool_call_estimators(register: Register) -> None:
 @hookimpl
 def vllite_register_tool_parsers(register: Register) -> None:
     """Registers ``auto``, ``bash``, ``openai``, ``hermes`` and ``llama``."""
-    from vllite.schedulers.tool_parsers import PARSERS
+    from vllite.policies.tool_parsers import PARSERS
 
     for name, cls in PARSERS.items():
         register(name, cls)

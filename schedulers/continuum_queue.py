@@ -18,9 +18,9 @@ import heapq
 import itertools
 from collections.abc import Iterable, Iterator
 
+from vllite.policies.continuum_turns import turn_info
 from vllite.request import Request
 from vllite.sched import RequestQueue
-from vllite.schedulers.continuum_turns import turn_info
 
 PREEMPTED, PINNED, NORMAL = 0, 1, 2
 

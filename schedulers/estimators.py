@@ -22,8 +22,8 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from vllite.policies.continuum_turns import turn_info
 from vllite.request import Request
-from vllite.schedulers.continuum_turns import turn_info
 
 if TYPE_CHECKING:
     from vllite.config import EngineConfig

@@ -24,10 +24,10 @@ HEAVY_MODULES = (
     "torch",
     "transformers",
     "matplotlib",
-    "vllite.schedulers.agent_bench",
-    "vllite.schedulers.agent_report",
-    "vllite.schedulers.traces",
-    "vllite.schedulers.sim_executor",
+    "vllite.policies.agent_bench",
+    "vllite.policies.agent_report",
+    "vllite.policies.traces",
+    "vllite.policies.sim_executor",
 )
 
 
@@ -37,7 +37,7 @@ def test_start_up_imports_neither_torch_nor_the_agent_bench():
         "import sys\n"
         "from vllite.cli import build_parser\n"
         "build_parser().format_help()\n"
-        "from vllite.schedulers.bench_plugin import vllite_register_executors\n"
+        "from vllite.policies.bench_plugin import vllite_register_executors\n"
         "vllite_register_executors(register=lambda name, obj: None)\n"
         f"print([m for m in {HEAVY_MODULES!r} if m in sys.modules])\n"
     )
@@ -53,9 +53,9 @@ def test_version(capsys):
 def test_plugins_lists_builtins_with_their_components(capsys):
     assert main(["plugins", "--json"]) == 0
     rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
-    assert rows["vllite.schedulers.builtin"]["components"]["schedulers"] == ["fcfs", "priority"]
+    assert rows["vllite.policies.builtin"]["components"]["schedulers"] == ["fcfs", "priority"]
     assert "vllite_register_commands" in rows["vllite.cli_commands"]["hooks"]
-    assert "continuum" in rows["vllite.schedulers.continuum_plugin"]["components"]["schedulers"]
+    assert "continuum" in rows["vllite.policies.continuum_plugin"]["components"]["schedulers"]
 
 
 LOGITS_PROCESSOR_MODULE = """
@@ -104,7 +104,7 @@ def test_plugins_lists_the_vllite_logits_processors_group_and_obeys_the_filter(p
     )
     row = _plugins_json(capsys)["cli_lp"]
     assert (row["distribution"], row["group"]) == ("cli-lp-dist 1.0", "vllite.logits_processors")
-    assert _plugins_json(capsys)["vllite.schedulers.builtin"]["group"] is None
+    assert _plugins_json(capsys)["vllite.policies.builtin"]["group"] is None
 
     monkeypatch.setenv("VLLITE_PLUGINS", "something-else")
     plugin_manager.reset_plugin_manager()

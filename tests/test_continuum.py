@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from vllite import plugin_manager
+from vllite.policies.continuum import ContinuumScheduler
+from vllite.policies.continuum_queue import ContinuumRequestQueue
+from vllite.policies.estimators import FixedTTLEstimator, UtilityEstimator
 from vllite.request import Request, RequestStatus
 from vllite.sched import create_scheduler
-from vllite.schedulers.continuum import ContinuumScheduler
-from vllite.schedulers.continuum_queue import ContinuumRequestQueue
-from vllite.schedulers.estimators import FixedTTLEstimator, UtilityEstimator
 from vllite.testing import ScriptedModelRunner, make_config, make_request
 
 BS = 4
@@ -37,7 +37,7 @@ class ConstTTL:
         self.arrived.append((request.request_id, now))
 
     def request_finished(self, request: Request, now: float) -> None:
-        from vllite.schedulers.continuum_turns import turn_info
+        from vllite.policies.continuum_turns import turn_info
 
         self.finished.append((request.request_id, now, turn_info(request).this_func_call))
 
@@ -208,8 +208,8 @@ def test_no_pin_without_job_id_with_zero_ttl_or_without_prefix_caching():
 
 # ---------------------------------------------------------------------- queue order
 def _req(rid: str, job: str | None, arrival: float, job_arrival: float | None = None) -> Request:
+    from vllite.policies.continuum_turns import turn_info
     from vllite.sampling_params import SamplingParams
-    from vllite.schedulers.continuum_turns import turn_info
 
     r = Request(rid, [1, 2, 3], SamplingParams(extra_args={"job_id": job}), arrival_time=arrival)
     turn_info(r).job_arrival = arrival if job_arrival is None else job_arrival
@@ -525,7 +525,7 @@ def test_registered_and_selected_by_name(monkeypatch):
     monkeypatch.setattr(
         plugin_manager,
         "BUILTIN_PLUGINS",
-        ("vllite.schedulers.builtin", "vllite.schedulers.continuum_plugin"),
+        ("vllite.policies.builtin", "vllite.policies.continuum_plugin"),
     )
     monkeypatch.setattr(plugin_manager, "_manager", plugin_manager.PluginManager(load_entry_points=False))
     config = make_config(scheduler_cls="continuum")

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from vllite.policies.continuum import ContinuumScheduler
+from vllite.policies.estimators import FixedTTLEstimator, UtilityEstimator
 from vllite.request import Request, RequestStatus
-from vllite.schedulers.continuum import ContinuumScheduler
-from vllite.schedulers.estimators import FixedTTLEstimator, UtilityEstimator
 from vllite.testing import ScriptedModelRunner, make_config, make_request
 
 BS = 4

@@ -18,7 +18,7 @@ FORCED_TOKEN = 7
 
 SCHED_SOURCE = """
 from vllite.hookspecs import hookimpl
-from vllite.schedulers.fcfs import FCFSScheduler
+from vllite.policies.fcfs import FCFSScheduler
 
 
 class TaggingScheduler(FCFSScheduler):

@@ -7,9 +7,7 @@ import math
 
 import pytest
 
-from vllite.request import Request
-from vllite.sampling_params import SamplingParams
-from vllite.schedulers.estimators import (
+from vllite.policies.estimators import (
     MIN_TTL_S,
     DurationHistory,
     FixedTTLEstimator,
@@ -18,6 +16,8 @@ from vllite.schedulers.estimators import (
     best_ttl,
     exp_default_ttl,
 )
+from vllite.request import Request
+from vllite.sampling_params import SamplingParams
 from vllite.testing import make_config
 
 

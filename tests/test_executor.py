@@ -22,7 +22,7 @@ from test_executor_support import (
 from vllite.config import DeviceConfig
 from vllite.exceptions import ExecutorAsleepError, ExecutorFailedError, KVCacheMemoryError, ModelLoadError
 from vllite.executor import KVCacheInfo
-from vllite.plugins.executor.executor import DefaultExecutor
+from vllite.plugins.transformers_executor.executor import DefaultExecutor
 from vllite.sampling_params import SamplingParams
 from vllite.sched.output import SchedulerOutput
 
@@ -314,7 +314,7 @@ def test_failure_callbacks_and_health(model_dirs: dict[str, Path]) -> None:
 
 def test_registered_under_default_cpu_and_cuda() -> None:
     from vllite.plugin_manager import get_registry
-    from vllite.plugins.executor.executor import CPUExecutor, CUDAExecutor
+    from vllite.plugins.transformers_executor.executor import CPUExecutor, CUDAExecutor
 
     registry = get_registry("executors")
     assert registry["default"] is DefaultExecutor
@@ -324,7 +324,7 @@ def test_registered_under_default_cpu_and_cuda() -> None:
 def test_import_vllite_executor_does_not_import_torch() -> None:
     import subprocess
 
-    code = "import sys, vllite.executor, vllite.plugins.executor.plugin; print('torch' in sys.modules)"
+    code = "import sys, vllite.executor, vllite.plugins.transformers_executor.plugin; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -334,7 +334,7 @@ def test_transformers_builds_no_attention_mask_for_our_path(
 ) -> None:
     from transformers import AttentionInterface
 
-    from vllite.plugins.executor import attention
+    from vllite.plugins.transformers_executor import attention
 
     seen: list[object] = []
 

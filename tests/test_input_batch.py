@@ -9,7 +9,7 @@ import pytest
 
 from vllite.exceptions import BatchStateError
 from vllite.logits_processor.interface import BatchUpdate, MoveDirectionality
-from vllite.plugins.executor.input_batch import CachedRequestState, InputBatch
+from vllite.plugins.transformers_executor.input_batch import CachedRequestState, InputBatch
 from vllite.sampling_params import SamplingParams
 
 

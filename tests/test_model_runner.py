@@ -17,7 +17,7 @@ from test_executor_support import (
 )
 
 from vllite.exceptions import AttentionRoutingError, ModelLoadError
-from vllite.plugins.executor.executor import DefaultExecutor
+from vllite.plugins.transformers_executor.executor import DefaultExecutor
 from vllite.sampling_params import SamplingParams
 
 

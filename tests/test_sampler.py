@@ -6,7 +6,7 @@ import pytest
 import torch
 from test_executor_support import single_thread  # noqa: F401  (autouse fixture)
 
-from vllite.plugins.executor.sampler import (
+from vllite.plugins.transformers_executor.sampler import (
     Sampler,
     SamplingMetadata,
     apply_penalties,

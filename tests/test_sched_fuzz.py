@@ -7,10 +7,10 @@ import random
 
 import pytest
 
+from vllite.policies.fcfs import FCFSScheduler
+from vllite.policies.priority import PriorityScheduler
 from vllite.request import RequestStatus
 from vllite.sched import Scheduler
-from vllite.schedulers.fcfs import FCFSScheduler
-from vllite.schedulers.priority import PriorityScheduler
 from vllite.testing import ScriptedModelRunner, make_config, make_request
 
 NUM_STEPS = 10_000

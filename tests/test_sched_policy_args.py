@@ -7,8 +7,8 @@ from typing import Any, ClassVar
 
 import pytest
 
+from vllite.policies.continuum import ContinuumScheduler
 from vllite.sched import Scheduler, create_scheduler
-from vllite.schedulers.continuum import ContinuumScheduler
 from vllite.testing import make_config
 
 

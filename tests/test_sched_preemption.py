@@ -10,17 +10,17 @@ import pytest
 from vllite import plugin_manager
 from vllite.exceptions import PluginLoadError, UnknownComponentError
 from vllite.hookspecs import hookimpl
+from vllite.policies.fcfs import FCFSScheduler
+from vllite.policies.priority import PriorityScheduler
 from vllite.request import Request, RequestStatus
 from vllite.sched import Scheduler, create_scheduler
-from vllite.schedulers.fcfs import FCFSScheduler
-from vllite.schedulers.priority import PriorityScheduler
 from vllite.testing import ScriptedModelRunner, make_config, make_request
 
 
 @pytest.fixture
 def plugins(monkeypatch):
     """A plugin manager with only the scheduler builtins (hermetic: no entry points, no other builtins)."""
-    monkeypatch.setattr(plugin_manager, "BUILTIN_PLUGINS", ("vllite.schedulers.builtin", "vllite.schedulers.trace"))
+    monkeypatch.setattr(plugin_manager, "BUILTIN_PLUGINS", ("vllite.policies.builtin", "vllite.policies.trace"))
     manager = plugin_manager.PluginManager(load_entry_points=False)
     monkeypatch.setattr(plugin_manager, "_manager", manager)
     return manager
@@ -162,7 +162,7 @@ def test_plugin_changing_only_the_victim_is_selected_by_name(plugins):
 def test_create_scheduler_by_policy_name_and_class_path(plugins):
     assert type(create_scheduler(make_config(), 10)) is FCFSScheduler
     assert type(create_scheduler(make_config(scheduling_policy="priority"), 10)) is PriorityScheduler
-    for path in ("vllite.schedulers.priority:PriorityScheduler", "vllite.schedulers.priority.PriorityScheduler"):
+    for path in ("vllite.policies.priority:PriorityScheduler", "vllite.policies.priority.PriorityScheduler"):
         assert type(create_scheduler(make_config(scheduler_cls=path), 10)) is PriorityScheduler
     assert create_scheduler(make_config(), 10, log_stats=True).make_stats() is not None
     with pytest.raises(UnknownComponentError, match="fcfs"):

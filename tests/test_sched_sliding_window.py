@@ -68,7 +68,7 @@ def _config(name: str, **kw):
     ],
 )
 def test_uniform_sliding_window(name: str, overrides: dict, expected: int | None) -> None:
-    from vllite.plugins.executor.model_loader import uniform_sliding_window
+    from vllite.plugins.transformers_executor.model_loader import uniform_sliding_window
 
     assert uniform_sliding_window(_config(name, **overrides)) == expected
 

@@ -8,14 +8,14 @@ import json
 import pytest
 
 from vllite import plugin_manager
+from vllite.policies import trace
 from vllite.sched import FCFSRequestQueue, PriorityRequestQueue, create_request_queue, create_scheduler
-from vllite.schedulers import trace
 from vllite.testing import ScriptedModelRunner, make_config, make_request
 
 
 @pytest.fixture
 def fresh_plugins(monkeypatch):
-    monkeypatch.setattr(plugin_manager, "BUILTIN_PLUGINS", ("vllite.schedulers.builtin", "vllite.schedulers.trace"))
+    monkeypatch.setattr(plugin_manager, "BUILTIN_PLUGINS", ("vllite.policies.builtin", "vllite.policies.trace"))
 
     def make():
         manager = plugin_manager.PluginManager(load_entry_points=False)

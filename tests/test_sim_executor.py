@@ -8,15 +8,15 @@ import pytest
 
 from vllite.config import CacheConfig, EngineConfig, SchedulerConfig
 from vllite.engine.core import EngineCore
-from vllite.protocol import EngineCoreRequest
-from vllite.sampling_params import SamplingParams
-from vllite.schedulers.sim_executor import (
+from vllite.policies.sim_executor import (
     LLAMA_8B_KV_BYTES_PER_TOKEN,
     CostModel,
     SimClock,
     SimExecutor,
     step_load,
 )
+from vllite.protocol import EngineCoreRequest
+from vllite.sampling_params import SamplingParams
 
 
 def _config(

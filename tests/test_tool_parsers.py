@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllite.schedulers.tool_parsers import (
+from vllite.policies.tool_parsers import (
     MULTI_TOOL,
     AutoParser,
     BashParser,

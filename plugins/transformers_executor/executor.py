@@ -27,8 +27,13 @@ from vllite.kv_cache.sizing import (
     kv_cache_bytes_per_token,
 )
 from vllite.model_files import load_hf_config
-from vllite.plugins.executor.model_loader import load_model, model_spec, resolve_dtype, uniform_sliding_window
-from vllite.plugins.executor.model_runner import ModelRunner
+from vllite.plugins.transformers_executor.model_loader import (
+    load_model,
+    model_spec,
+    resolve_dtype,
+    uniform_sliding_window,
+)
+from vllite.plugins.transformers_executor.model_runner import ModelRunner
 from vllite.sched.output import ModelRunnerOutput, SchedulerOutput
 
 logger = logging.getLogger(__name__)

@@ -76,7 +76,7 @@ def get_forward_context() -> _ForwardContext:
     if ctx is None:
         raise AttentionRoutingError(
             f"attn_implementation={ATTN_IMPLEMENTATION!r} needs the attention metadata of a vllite model runner; "
-            "the model was called outside vllite.plugins.executor.attention.forward_context()."
+            "the model was called outside vllite.plugins.transformers_executor.attention.forward_context()."
         )
     return ctx
 

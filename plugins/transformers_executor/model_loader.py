@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from vllite.exceptions import ModelLoadError
-from vllite.plugins.executor.attention import register_attention
+from vllite.plugins.transformers_executor.attention import register_attention
 
 logger = logging.getLogger(__name__)
 

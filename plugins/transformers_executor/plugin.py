@@ -12,7 +12,7 @@ from vllite.hookspecs import Register, hookimpl
 @hookimpl
 def vllite_register_executors(register: Register) -> None:
     """``default`` follows ``--device`` (auto: CUDA when available); ``cpu`` and ``cuda`` force a device."""
-    from vllite.plugins.executor.executor import CPUExecutor, CUDAExecutor, DefaultExecutor
+    from vllite.plugins.transformers_executor.executor import CPUExecutor, CUDAExecutor, DefaultExecutor
 
     register("default", DefaultExecutor)
     register("cpu", CPUExecutor)

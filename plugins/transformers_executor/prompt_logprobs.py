@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from vllite.plugins.executor.input_batch import CachedRequestState
-from vllite.plugins.executor.sampler import gather_logprobs
+from vllite.plugins.transformers_executor.input_batch import CachedRequestState
+from vllite.plugins.transformers_executor.sampler import gather_logprobs
 from vllite.protocol import LogprobsTensors
 
 

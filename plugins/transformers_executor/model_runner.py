@@ -7,12 +7,12 @@ One step:
    add (re-)scheduled requests into free rows; condense; hand the ``BatchUpdate`` to the logits processors.
 2. ``_prepare_inputs``: the packed batch (``input_ids``/``position_ids`` of shape ``[1, num_tokens]``) and the
    attention metadata (slot mapping, block tables, query start locations, sequence lengths).
-3. forward under :func:`~vllite.plugins.executor.attention.forward_context`, keeping only the logits needed:
-   the last scheduled token of every request, plus the prompt positions whose prompt logprobs are asked for.
+3. forward under :func:`~vllite.plugins.transformers_executor.attention.forward_context`, keeping only the logits
+   needed: the last scheduled token of every request, plus the prompt positions whose prompt logprobs are asked for.
 4. sample every row; keep the token only for requests whose known tokens are all computed after this step
    (a prefill chunk that does not end the prompt returns ``[]``), and return logprobs / prompt logprobs.
 
-Prompt logprobs: see :mod:`vllite.plugins.executor.prompt_logprobs`.
+Prompt logprobs: see :mod:`vllite.plugins.transformers_executor.prompt_logprobs`.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ import torch
 
 from vllite.config import EngineConfig
 from vllite.exceptions import AttentionRoutingError, BatchStateError, KVCacheNotAllocatedError
-from vllite.plugins.executor.attention import AttentionMetadata, forward_context
-from vllite.plugins.executor.input_batch import CachedRequestState, InputBatch
-from vllite.plugins.executor.model_loader import ModelSpec
-from vllite.plugins.executor.prompt_logprobs import compute_prompt_logprobs, plan_prompt_logprobs
-from vllite.plugins.executor.sampler import Sampler, SamplingMetadata
+from vllite.plugins.transformers_executor.attention import AttentionMetadata, forward_context
+from vllite.plugins.transformers_executor.input_batch import CachedRequestState, InputBatch
+from vllite.plugins.transformers_executor.model_loader import ModelSpec
+from vllite.plugins.transformers_executor.prompt_logprobs import compute_prompt_logprobs, plan_prompt_logprobs
+from vllite.plugins.transformers_executor.sampler import Sampler, SamplingMetadata
 from vllite.protocol import LogprobsLists
 from vllite.sampling_params import SamplingType
 from vllite.sched.output import ModelRunnerOutput, SchedulerOutput
