@@ -15,12 +15,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from vllite.exceptions import KVCacheStateError
-from vllite.kv_cache import KVCacheBlocks, KVCacheManager, get_hash_fn, get_request_block_hasher
+from vllite.kv_cache import KVCacheManager, get_hash_fn, get_request_block_hasher
 from vllite.protocol import EngineCoreEventType, EngineCoreOutputs, SchedulerStats
 from vllite.request import Request, RequestStatus
 from vllite.sched.cached_data import make_cached_request_data
 from vllite.sched.interface import PauseState, SchedulerInterface
 from vllite.sched.output import ModelRunnerOutput, NewRequestData, SchedulerOutput
+from vllite.sched.phases import admit_waiting, schedule_running
 from vllite.sched.policy_args import check_policy_args
 from vllite.sched.request_queue import FCFSRequestQueue, RequestQueue
 from vllite.sched.step_state import StepState, make_step_record
@@ -262,10 +263,10 @@ class Scheduler(SchedulerInterface):
         self.kv_cache_manager.new_step_starts()
         budget = 0 if self._pause_state == PauseState.PAUSED_ALL else self.max_num_scheduled_tokens
         step = StepState(now=self.clock(), initial_budget=budget, tracing=self.step_observer is not None)
-        self._schedule_running(step)
+        schedule_running(self, step)
         # Admitting right after a preemption would just thrash.
         if not step.preempted and self._pause_state == PauseState.UNPAUSED:
-            self._admit_waiting(step)
+            admit_waiting(self, step)
         assert 0 <= step.total_scheduled_tokens <= self.max_num_scheduled_tokens, step.total_scheduled_tokens
         assert len(self.running) <= self.max_num_running_reqs
 
@@ -279,104 +280,6 @@ class Scheduler(SchedulerInterface):
         if self.step_observer is not None:
             self.step_observer(step=make_step_record(self, step, output))
         return output
-
-    def _schedule_running(self, step: StepState) -> None:
-        """Serves running requests in admission order, preempting when one cannot get blocks."""
-        running = self.running
-        req_index = 0
-        while req_index < len(running) and step.token_budget > 0:
-            request = running[req_index]
-            num_new = request.num_tokens_with_spec - request.num_computed_tokens
-            if 0 < self.long_prefill_token_threshold < num_new:
-                num_new = self.long_prefill_token_threshold
-            # Never schedule a position at or past max_model_len.
-            num_new = min(num_new, step.token_budget, self.max_model_len - request.num_computed_tokens)
-            if num_new <= 0:
-                req_index += 1
-                continue
-            new_blocks, req_index = self._allocate_or_preempt(request, num_new, req_index, step)
-            if new_blocks is None:
-                continue  # preempted itself; the next request now sits at req_index
-            step.schedule_running(request, num_new, new_blocks)
-            req_index += 1
-            if request.spec_token_ids:
-                num_spec = num_new + request.num_computed_tokens - request.num_tokens
-                if num_spec > 0:
-                    step.spec_tokens[request.request_id] = request.spec_token_ids[:num_spec]
-                request.spec_token_ids = []
-        if self.enable_caching:
-            for request in step.running:
-                end = request.num_computed_tokens + step.num_scheduled_tokens[request.request_id]
-                self.kv_cache_manager.cache_blocks(request, end)
-
-    def _allocate_or_preempt(
-        self, request: Request, num_new: int, req_index: int, step: StepState
-    ) -> tuple[KVCacheBlocks | None, int]:
-        """Blocks for ``num_new`` tokens of the running request at ``running[req_index]``, preempting victims
-        until they fit. Returns the new blocks (``None`` when the request itself was preempted) and the index
-        the request has (or its successor has) now that victims left ``self.running``."""
-        running = self.running
-        while True:
-            # Caching is deferred: a victim refunded below must not leave never-computed blocks cached.
-            new_blocks = self.kv_cache_manager.allocate_slots(
-                request, num_new, num_lookahead_tokens=self.num_lookahead_tokens, delay_cache_blocks=True
-            )
-            if new_blocks is not None:
-                return new_blocks, req_index
-            if self.on_running_allocation_failed(request):
-                continue  # the policy released blocks outside the scheduler's requests: retry
-            victim = self.select_preemption_victim(running, request)
-            victim_index = next(i for i, r in enumerate(running) if r is victim)
-            del running[victim_index]
-            if victim_index < req_index:
-                req_index -= 1
-            step.preempt(victim)
-            self._preempt_request(victim, step.now)
-            if victim is request:
-                return None, req_index
-
-    def _admit_waiting(self, step: StepState) -> None:
-        """Admits waiting requests in queue order while budget, batch width and KV blocks last."""
-        waiting = self.waiting
-        kv = self.kv_cache_manager
-        while waiting and step.token_budget > 0 and len(self.running) < self.max_num_running_reqs:
-            request = waiting.peek_request()
-            if request.num_computed_tokens == 0:
-                hit_blocks, num_hit = kv.get_computed_blocks(request)
-            else:
-                hit_blocks, num_hit = kv.empty_kv_cache_blocks, 0
-            num_new = self._num_new_waiting_tokens(request, request.num_computed_tokens + num_hit, step)
-            if num_new is None:
-                break  # whole prompt or nothing
-            lookahead = self.num_lookahead_tokens
-            if kv.allocate_slots(request, num_new, num_hit, hit_blocks, num_lookahead_tokens=lookahead) is not None:
-                self._admit(request, num_new, num_hit, step)
-            elif not self.on_admission_blocked(request):
-                break  # out of blocks: no preemption to admit
-            # else the policy released blocks: look at the (possibly new) head again
-
-    def _num_new_waiting_tokens(self, request: Request, num_computed: int, step: StepState) -> int | None:
-        """Tokens to schedule for a waiting request with ``num_computed`` tokens computed or hit; ``None`` when
-        its prompt does not fit the budget and chunked prefill is off."""
-        num_new = request.num_tokens - num_computed
-        if not self.enable_chunked_prefill:
-            return None if num_new > step.token_budget else num_new
-        if 0 < self.long_prefill_token_threshold < num_new:
-            num_new = self.long_prefill_token_threshold
-        return min(num_new, step.token_budget)
-
-    def _admit(self, request: Request, num_new: int, num_hit: int, step: StepState) -> None:
-        """Moves the head of the waiting queue, whose blocks are allocated, to running."""
-        self.waiting.pop_request()
-        self.running.append(request)
-        step.admit(request, num_new, num_hit, resumed=request.status == RequestStatus.PREEMPTED)
-        if self.log_stats:
-            request.record_event(EngineCoreEventType.SCHEDULED, step.now)
-        request.status = RequestStatus.RUNNING
-        request.num_computed_tokens += num_hit
-        if request.num_cached_tokens < 0:
-            request.num_cached_tokens = request.num_computed_tokens
-        self.on_request_admitted(request)
 
     def _make_output(self, step: StepState) -> SchedulerOutput:
         """The executor's view of the step, with the pre-step ``num_computed_tokens``."""
