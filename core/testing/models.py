@@ -233,7 +233,6 @@ def make_tiny_model(
     ``seed``; the global RNG state of the caller is left as it was. Returns ``path``.
     """
     import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig
 
     path = Path(path)
     copy_demo_tokenizer(path, tokenizer_dir)
@@ -259,6 +258,16 @@ def make_tiny_model(
         pad_token_id=info["pad_token_id"],
         **overrides,
     )
+    _save_random_model(config, path, seed, torch_dtype, info)
+    _add_legacy_config_keys(path / "config.json", dtype)
+    return path
+
+
+def _save_random_model(config: Any, path: Path, seed: int, torch_dtype: Any, info: dict[str, Any]) -> None:
+    """Random weights from ``seed`` (the caller's RNG state untouched), greedy generation config, saved at ``path``."""
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -272,8 +281,6 @@ def make_tiny_model(
     for stale in path.glob("*.safetensors"):
         stale.unlink()
     model.save_pretrained(path)
-    _add_legacy_config_keys(path / "config.json", dtype)
-    return path
 
 
 def _add_legacy_config_keys(config_path: Path, dtype: str) -> None:
