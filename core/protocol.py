@@ -178,6 +178,7 @@ class EngineInfo(msgspec.Struct, frozen=True):
     eos_token_ids: tuple[int, ...] = ()
     sliding_window: int | None = None
     scheduler: str = ""
+    dp_stats_address: str | None = None  # data parallel: where the coordinator publishes engine stats
 
 
 class EngineShutdownState(enum.IntEnum):

@@ -67,6 +67,7 @@ class EngineCoreProc:
         self.settings = ProcSettings.from_config(config)
         self.engine_index = engine_index
         self.shutdown_state = EngineShutdownState.RUNNING
+        self.engines_running = False  # data parallel: a wave in which this engine must keep stepping
         self._shutdown_timeout: float | None = None
         self._shutdown_deadline: float | None = None
         identity = engine_identity(engine_index)
@@ -104,6 +105,9 @@ class EngineCoreProc:
     def is_running(self) -> bool:
         return self.shutdown_state == EngineShutdownState.RUNNING
 
+    def has_work(self) -> bool:
+        return self.engines_running or self.engine.has_work()
+
     def run_busy_loop(self) -> None:
         """Absorbs input, steps, and enqueues outputs until shutdown completes; then raises ``SystemExit``."""
         while self._handle_shutdown():
@@ -113,7 +117,7 @@ class EngineCoreProc:
 
     def _process_input_queue(self) -> None:
         input_queue = self.io.input_queue
-        while not self.engine.has_work() and self.is_running():
+        while not self.has_work() and self.is_running():
             self._handle_client_request(*input_queue.get())
         while not input_queue.empty():
             self._handle_client_request(*input_queue.get_nowait())
@@ -151,7 +155,7 @@ class EngineCoreProc:
             logger.warning("Drain timeout expired; aborting the remaining requests.")
             self._shutdown_deadline = None
             self.io.send_outputs(self.engine.abort_all_requests())
-        if not self.engine.has_work():
+        if not self.has_work():
             logger.info("Shutdown complete")
             return False
         return True
