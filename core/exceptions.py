@@ -15,6 +15,7 @@ The hierarchy (a class in brackets is a second base, kept so that callers catchi
     ├── ExecutorError [RuntimeError] ── ExecutorFailedError, ModelExecutionError, ExecutorAsleepError,
     │                                   KVCacheNotAllocatedError, DeviceUnavailableError, AttentionRoutingError
     ├── InternalStateError [RuntimeError] ── KVCacheStateError, BatchStateError
+    ├── PluginHookError [RuntimeError], LogitsProcessorRowsError [RuntimeError]
     └── BenchReplayError [RuntimeError]
 """
 
@@ -139,5 +140,27 @@ class BatchStateError(InternalStateError):
 
 
 # ---------------------------------------------------------------------------- tools
+class PluginHookError(VlliteError, RuntimeError):
+    """A plugin's method raised while the engine served a request; the message names the plugin (class), the hook
+    and the exception. The engine finishes the affected request(s) with ``FinishReason.ERROR`` and goes on."""
+
+    def __init__(self, plugin: object, hook: str, cause: BaseException):
+        cls = plugin if isinstance(plugin, type) else type(plugin)
+        self.plugin = f"{cls.__module__}.{cls.__qualname__}"
+        self.hook = hook
+        super().__init__(f"{self.plugin}.{hook} raised {type(cause).__name__}: {cause}")
+
+
+class LogitsProcessorRowsError(VlliteError, RuntimeError):
+    """Raised by a logits processor's ``apply`` that failed on some rows only (a per-request processor): ``rows``
+    maps each failed batch row to its message and ``logits`` is the batch with every other row processed. The
+    engine fails the requests of those rows and goes on with ``logits``."""
+
+    def __init__(self, rows: dict[int, str], logits: object):
+        super().__init__(f"logits processor failed on rows {sorted(rows)}: {next(iter(rows.values()), '')}")
+        self.rows = rows
+        self.logits = logits
+
+
 class BenchReplayError(VlliteError, RuntimeError):
     """The agent-bench replay cannot progress: jobs are unfinished with nothing in flight, or the engine stalled."""

@@ -30,6 +30,8 @@ class CompletionOutput:
     logprobs: SampleLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    # With ``finish_reason == "error"``: what failed (the plugin, the hook and the exception, or the check).
+    error: str | None = None
 
     def finished(self) -> bool:
         return self.finish_reason is not None

@@ -126,6 +126,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     kv_transfer_params: dict[str, Any] | None = None
     num_cached_tokens: int = 0
     num_nans_in_logits: int = 0
+    # Why the request failed (``finish_reason`` ERROR): the plugin, the hook and the exception, or the check.
+    error: str | None = None
 
     @property
     def finished(self) -> bool:

@@ -99,6 +99,8 @@ class Request:
 
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
+        # Set with FINISHED_ERROR: what failed (the plugin, its hook and the exception), reported to the client.
+        self.error: str | None = None
         self.events: list[EngineCoreEvent] = []
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1

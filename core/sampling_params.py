@@ -16,6 +16,8 @@ import msgspec
 
 _SAMPLING_EPS = 1e-5
 _MAX_LOGIT_BIAS = 100.0
+#: The most samples one request may ask for (``n``): each is a full request in the engine.
+MAX_N = 128
 
 
 class RequestOutputKind(enum.IntEnum):
@@ -37,8 +39,9 @@ class SamplingType(enum.IntEnum):
 class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     """Sampling parameters of one request (vLLM-compatible names and defaults).
 
-    ``temperature=0`` means greedy. ``top_k`` of 0 or -1 disables top-k. ``max_tokens=None`` lets the request
-    run to ``max_model_len``. Per-request arguments for logits processors go in ``extra_args``.
+    ``n`` is capped at ``MAX_N`` (128) samples per request. ``temperature=0`` means greedy. ``top_k`` of 0 or -1
+    disables top-k. ``max_tokens=None`` lets the request run to ``max_model_len``. Per-request arguments for logits
+    processors go in ``extra_args``.
     """
 
     n: int = 1
@@ -97,8 +100,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
 
     def _verify_sampling(self) -> None:
         bad = self._bad
-        if not _is_int(self.n) or self.n < 1:
-            raise bad("n", "an integer >= 1")
+        if not _is_int(self.n) or not 1 <= self.n <= MAX_N:
+            raise bad("n", f"an integer in [1, {MAX_N}]")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if not _is_real(value) or not -2.0 <= value <= 2.0:

@@ -346,13 +346,17 @@ def test_running_request_releases_its_own_jobs_pin_last_then_preempts():
         assert so.preempted_req_ids == set() and x.num_computed_tokens <= 21
     assert x.num_computed_tokens == 21 and s.pin_stats["running_blocked"] == 2
     assert free_usable(s) == 2  # X's 3 blocks, one taken by x
-    for _ in range(20):  # no pin left: x outgrows all 8 blocks (32 tokens) and preempts itself (the old path)
+    for _ in range(20):  # no pin left: x outgrows all 8 blocks (32 tokens)
         if x.num_computed_tokens == 32:
             break
         so = step(s, ex)
         assert so.preempted_req_ids == set()
+    # Alone and out of blocks, x can never fit: it ends with ERROR (its blocks freed) instead of preempting itself
+    # and recomputing forever.
     so = step(s, ex)
-    assert so.preempted_req_ids == {"x"} and x.num_preemptions == 1 and x.num_computed_tokens == 0
+    assert so.preempted_req_ids == set() and x.num_preemptions == 0 and "x" in so.finished_req_ids
+    assert x.status == RequestStatus.FINISHED_ERROR and "cannot hold request 'x'" in (x.error or "")
+    assert free_usable(s) == 8 and not s.running
     assert s.pin_stats["running_blocked"] == 2
 
 
@@ -423,7 +427,9 @@ def test_lone_running_request_without_pins_does_not_crash():
     lone = add(s, "lone", toks(100, 11), max_tokens=5)  # grows past 3 blocks: cannot ever fit
     for _ in range(6):
         step(s, ex)
-    assert lone.num_preemptions >= 1 and not lone.is_finished()
+    # It ends with ERROR, its blocks freed, instead of preempting itself and recomputing forever.
+    assert lone.status == RequestStatus.FINISHED_ERROR and "cannot hold request 'lone'" in (lone.error or "")
+    assert lone.num_preemptions == 0 and free_usable(s) == 3 and not s.has_unfinished_requests()
 
 
 # ---------------------------------------------------------------------- the fork's other bugs

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import msgspec
 
 from vllite.config import EngineConfig
+from vllite.engine.request_checks import check_request
+from vllite.exceptions import VlliteError
 from vllite.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, EngineInfo, FinishReason
 from vllite.request import Request, RequestStatus
 from vllite.sched import PauseState, create_scheduler
@@ -73,6 +75,7 @@ class EngineCore:
             raise
         self.info = msgspec.structs.replace(self.info, scheduler=type(self.scheduler).__name__)
         self._pending_finishes: list[Request] = []
+        self._pending_errors: list[tuple[Request, str]] = []  # rejected requests, with the reason
         self._drain_waiters: list[Future] = []
         self.batch_queue_size = max(1, config.scheduler_config.batch_queue_depth)
         self.batch_queue: deque[tuple[Future, SchedulerOutput]] | None = (
@@ -109,11 +112,23 @@ class EngineCore:
         return Request.from_engine_core_request(request, self.scheduler.block_hasher)
 
     def add_request(self, request: EngineCoreRequest | Request) -> None:
+        """Checks the request against the engine's limits and queues it in the scheduler.
+
+        A request that fails the checks, or whose arrival a scheduler plugin fails on, is rejected: its ERROR
+        finish output, with the reason, comes with the next ``step()``; the engine goes on. Only a duplicate id
+        raises (``ValueError``): an output for that id would end the live request of the same id.
+        """
         if isinstance(request, EngineCoreRequest):
             request = self.preprocess_add_request(request)
         if request.request_id in getattr(self.scheduler, "requests", {}):
             raise ValueError(f"Request id {request.request_id!r} is already in the engine.")
-        self.scheduler.add_request(request)
+        try:
+            check_request(request, self.info)
+            self.scheduler.add_request(request)
+        except Exception as exc:
+            message = str(exc) if isinstance(exc, (ValueError, VlliteError)) else f"{type(exc).__name__}: {exc}"
+            logger.error("Rejected request %r: %s", request.request_id, message)
+            self._pending_errors.append((request, message))
 
     def abort_requests(self, request_ids: list[str]) -> None:
         """Aborts requests the client gave up on (it already knows: no finish output is sent)."""
@@ -121,7 +136,7 @@ class EngineCore:
 
     def abort_all_requests(self) -> dict[int, EngineCoreOutputs]:
         """Aborts every request in the engine and returns their ABORT finish outputs, per client."""
-        return _finish_outputs(self.scheduler.finish_requests(None, RequestStatus.FINISHED_ABORTED) or [])
+        return _finish_outputs(self.scheduler.finish_requests(None, RequestStatus.FINISHED_ABORTED) or [], [])
 
     def has_work(self) -> bool:
         """Whether ``step()`` has anything to do: requests to run, batches in flight, outputs or waiters due."""
@@ -129,6 +144,7 @@ class EngineCore:
             self.scheduler.has_requests()
             or bool(self.batch_queue)
             or bool(self._pending_finishes)
+            or bool(self._pending_errors)
             or bool(self._drain_waiters)
         )
 
@@ -183,12 +199,13 @@ class EngineCore:
 
     def _end_step(self, outputs: dict[int, EngineCoreOutputs]) -> dict[int, EngineCoreOutputs]:
         """Adds the finish outputs of requests ended between steps, and completes drain waiters once drained."""
-        if self._pending_finishes:
-            for client_index, extra in _finish_outputs(self._pending_finishes).items():
+        if self._pending_finishes or self._pending_errors:
+            pending = _finish_outputs(self._pending_finishes, self._pending_errors)
+            for client_index, extra in pending.items():
                 merged = outputs.setdefault(client_index, EngineCoreOutputs())
                 merged.outputs.extend(extra.outputs)
                 merged.finished_requests = (merged.finished_requests or set()) | (extra.finished_requests or set())
-            self._pending_finishes = []
+            self._pending_finishes, self._pending_errors = [], []
         if self._drain_waiters and not self.scheduler.has_unfinished_requests() and not self.batch_queue:
             waiters, self._drain_waiters = self._drain_waiters, []
             for waiter in waiters:
@@ -283,12 +300,13 @@ class EngineCore:
             executor.shutdown()
 
 
-def _finish_outputs(requests: list[Request]) -> dict[int, EngineCoreOutputs]:
-    """ABORT finish outputs for requests ended outside a step, grouped by client."""
+def _finish_outputs(aborted: list[Request], rejected: list[tuple[Request, str]]) -> dict[int, EngineCoreOutputs]:
+    """Finish outputs for requests ended outside a step (ABORT, or ERROR with the reason), grouped by client."""
     by_client: dict[int, EngineCoreOutputs] = {}
-    for request in requests:
+    finishes = [(r, FinishReason.ABORT, None) for r in aborted] + [(r, FinishReason.ERROR, e) for r, e in rejected]
+    for request, reason, error in finishes:
         outputs = by_client.setdefault(request.client_index, EngineCoreOutputs(finished_requests=set()))
-        outputs.outputs.append(EngineCoreOutput(request.request_id, [], finish_reason=FinishReason.ABORT))
+        outputs.outputs.append(EngineCoreOutput(request.request_id, [], finish_reason=reason, error=error))
         assert outputs.finished_requests is not None
         outputs.finished_requests.add(request.request_id)
     return by_client

@@ -111,6 +111,7 @@ class RequestState:
         self.queue = queue
         self.num_cached_tokens = 0
         self.is_prefilling = True
+        self.error: str | None = None  # the engine's message for an ERROR finish
         self.stats = RequestStateStats(arrival_time=request.arrival_time) if log_stats else None
 
     def make_request_output(
@@ -167,6 +168,7 @@ class RequestState:
             logprobs=logprobs,
             finish_reason=str(finish_reason) if finished else None,
             stop_reason=stop_reason if finished else None,
+            error=self.error if finished else None,
         )
 
 
@@ -236,6 +238,7 @@ class OutputProcessor:
             new_token_ids = output.new_token_ids
             finish_reason, stop_reason = output.finish_reason, output.stop_reason
             state.num_cached_tokens = output.num_cached_tokens
+            state.error = output.error
             state.is_prefilling = False
             if state.stats is not None:
                 if output.events:

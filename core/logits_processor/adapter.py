@@ -8,6 +8,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from vllite.exceptions import LogitsProcessorRowsError, PluginHookError
 from vllite.logits_processor.interface import BatchUpdate, LogitsProcessor
 from vllite.logits_processor.state import process_dict_updates
 
@@ -56,9 +57,18 @@ class AdapterLogitsProcessor(LogitsProcessor):
         process_dict_updates(self.req_info, batch_update, self._new_state)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """Runs each request's callable on its row. A callable that raises fails its row only: the other rows are
+        processed and ``LogitsProcessorRowsError`` reports the failed ones (the engine fails those requests)."""
+        failed: dict[int, str] = {}
         for req_idx, req_lp in self.req_info.items():
             row = logits[req_idx]
-            new_row = req_lp(row)
+            try:
+                new_row = req_lp(row)
+            except Exception as exc:
+                failed[req_idx] = str(PluginHookError(self, "apply", exc))
+                continue
             if new_row is not row:
                 logits[req_idx] = new_row
+        if failed:
+            raise LogitsProcessorRowsError(failed, logits)
         return logits

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Iterator
 from itertools import chain
 from typing import TYPE_CHECKING
 
+from vllite.exceptions import LogitsProcessorRowsError, PluginHookError
 from vllite.logits_processor.interface import BatchUpdate, LogitsProcessor
 
 if TYPE_CHECKING:
@@ -25,6 +26,13 @@ class LogitsProcessors:
         logits = procs.apply_non_argmax_invariant(logits)     # before greedy argmax
         ...                                                   # temperature
         logits = procs.apply_argmax_invariant(logits)         # before random sampling
+        failed = procs.take_failed_rows()                     # rows a processor failed on: row -> message
+
+    Fault isolation: a processor whose ``apply`` raises never stops the batch. A per-request processor
+    (``AdapterLogitsProcessor``, the slot-interface adapter, or any processor raising ``LogitsProcessorRowsError``)
+    names the rows it failed on; only those rows fail. A batch-level processor that raises cannot say which row it
+    failed on, and may have half-written the batch: every row of the batch fails. Each failed row's message
+    names the processor class, ``apply`` and the exception; the model runner fails those rows' requests.
     """
 
     def __init__(self, logitsprocs: Iterable[LogitsProcessor] | None = None) -> None:
@@ -32,6 +40,7 @@ class LogitsProcessors:
         self.non_argmax_invariant: list[LogitsProcessor] = []
         for proc in logitsprocs or ():
             (self.argmax_invariant if proc.is_argmax_invariant() else self.non_argmax_invariant).append(proc)
+        self.failed_rows: dict[int, str] = {}
 
     @property
     def all(self) -> Iterator[LogitsProcessor]:
@@ -49,14 +58,32 @@ class LogitsProcessors:
     def apply_non_argmax_invariant(self, logits: torch.Tensor) -> torch.Tensor:
         """Runs the processors that may change the argmax, in order; call before greedy sampling."""
         for proc in self.non_argmax_invariant:
-            logits = proc.apply(logits)
+            logits = self._apply_one(proc, logits)
         return logits
 
     def apply_argmax_invariant(self, logits: torch.Tensor) -> torch.Tensor:
         """Runs the argmax-invariant processors, in order; call after temperature, before random sampling."""
         for proc in self.argmax_invariant:
-            logits = proc.apply(logits)
+            logits = self._apply_one(proc, logits)
         return logits
+
+    def _apply_one(self, proc: LogitsProcessor, logits: torch.Tensor) -> torch.Tensor:
+        try:
+            return proc.apply(logits)
+        except LogitsProcessorRowsError as exc:
+            for row, message in exc.rows.items():
+                self.failed_rows.setdefault(row, message)
+            return exc.logits  # type: ignore[return-value]
+        except Exception as exc:
+            message = str(PluginHookError(proc, "apply", exc))
+            for row in range(logits.shape[0]):
+                self.failed_rows.setdefault(row, message)
+            return logits
+
+    def take_failed_rows(self) -> dict[int, str]:
+        """The rows a processor failed on since the last call (``row -> message``), and forgets them."""
+        failed, self.failed_rows = self.failed_rows, {}
+        return failed
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """Runs every processor: the non-argmax-invariant ones first, then the argmax-invariant ones."""

@@ -16,7 +16,7 @@ import heapq
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from vllite.exceptions import BatchStateError
+from vllite.exceptions import BatchStateError, LogitsProcessorRowsError, PluginHookError
 from vllite.logits_processor.interface import BatchUpdate, LogitsProcessor, MoveDirectionality
 
 if TYPE_CHECKING:
@@ -228,4 +228,10 @@ class SlotLogitsProcessorAdapter(LogitsProcessor):
             pos=pos.to(logits.device),
             seq_lens_upper_bound_np=total.cpu().numpy(),
         )
-        return self.inner.apply(logits, ctx)
+        try:
+            return self.inner.apply(logits, ctx)
+        except Exception as exc:
+            # The slot interface knows which requests it acts on: only their rows fail.
+            message = str(PluginHookError(self.inner, "apply", exc))
+            rows = {row: message for row, slot in enumerate(slots) if self._active.get(slot, False)}
+            raise LogitsProcessorRowsError(rows, logits) from exc

@@ -98,6 +98,10 @@ class ModelRunnerOutput:
     num_nans_in_logits: dict[str, int] | None = None
     # Draft tokens proposed for the next step, per request (speculative decoding).
     draft_token_ids: dict[str, list[int]] | None = None
+    # Requests a plugin failed for in this step (e.g. a logits processor raised on their rows): req_id -> the
+    # message naming the plugin, the hook and the exception. Their sampled tokens are discarded; the scheduler
+    # finishes them with ERROR.
+    failed_requests: dict[str, str] | None = None
 
     @classmethod
     def empty(cls) -> ModelRunnerOutput:

@@ -2,12 +2,21 @@
 requests (preempting when one cannot get KV blocks) and admitting waiting ones. Every policy decision stays a
 method of the scheduler (``select_preemption_victim``, ``on_running_allocation_failed``, ``on_admission_blocked``,
 ``on_request_admitted``); these functions only call them.
+
+Fault isolation: a policy method that raises is pinned to the request it was deciding about. A request that
+could not get blocks (``on_running_allocation_failed``, ``select_preemption_victim`` or ``on_admission_blocked``
+raised) leaves the step at once with ERROR and its blocks freed; nothing was allocated for it this step. A request
+already admitted when ``on_request_admitted`` raised stays in this step's batch (its blocks are allocated, maybe
+cached, so its KV must be computed) and is failed once the step's output is in. A request that can never fit the KV
+cache (it needs more blocks than the whole cache has) ends with ERROR instead of being preempted and recomputed
+forever.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from vllite.exceptions import PluginHookError
 from vllite.protocol import EngineCoreEventType
 from vllite.request import Request, RequestStatus
 
@@ -61,10 +70,23 @@ def allocate_or_preempt(
         )
         if new_blocks is not None:
             return new_blocks, req_index
-        if scheduler.on_running_allocation_failed(request):
-            continue  # the policy released blocks outside the scheduler's requests: retry
-        victim = scheduler.select_preemption_victim(running, request)
-        victim_index = next(i for i, r in enumerate(running) if r is victim)
+        hook = "on_running_allocation_failed"
+        try:
+            if scheduler.on_running_allocation_failed(request):
+                continue  # the policy released blocks outside the scheduler's requests: retry
+            hook = "select_preemption_victim"
+            victim = scheduler.select_preemption_victim(running, request)
+            victim_index = next((i for i, r in enumerate(running) if r is victim), None)
+            if victim_index is None:
+                raise ValueError(f"returned {victim!r}, not a running request")
+        except Exception as exc:
+            del running[req_index]
+            scheduler.fail_request(request, str(PluginHookError(scheduler, hook, exc)))
+            return None, req_index
+        if victim is request and never_fits(scheduler, request.num_computed_tokens + num_new):
+            del running[req_index]
+            scheduler.fail_request(request, never_fits_message(scheduler, request))
+            return None, req_index
         del running[victim_index]
         if victim_index < req_index:
             req_index -= 1
@@ -90,9 +112,19 @@ def admit_waiting(scheduler: Scheduler, step: StepState) -> None:
         lookahead = scheduler.num_lookahead_tokens
         if kv.allocate_slots(request, num_new, num_hit, hit_blocks, num_lookahead_tokens=lookahead) is not None:
             admit(scheduler, request, num_new, num_hit, step)
-        elif not scheduler.on_admission_blocked(request):
+            continue
+        try:
+            released = scheduler.on_admission_blocked(request)
+        except Exception as exc:
+            waiting.remove_requests([request])
+            scheduler.fail_request(request, str(PluginHookError(scheduler, "on_admission_blocked", exc)))
+            continue
+        if released:
+            continue  # the policy released blocks: look at the (possibly new) head again
+        if not never_fits(scheduler, request.num_computed_tokens + num_hit + num_new):
             break  # out of blocks: no preemption to admit
-        # else the policy released blocks: look at the (possibly new) head again
+        waiting.remove_requests([request])
+        scheduler.fail_request(request, never_fits_message(scheduler, request))
 
 
 def num_new_waiting_tokens(scheduler: Scheduler, request: Request, num_computed: int, step: StepState) -> int | None:
@@ -117,4 +149,26 @@ def admit(scheduler: Scheduler, request: Request, num_new: int, num_hit: int, st
     request.num_computed_tokens += num_hit
     if request.num_cached_tokens < 0:
         request.num_cached_tokens = request.num_computed_tokens
-    scheduler.on_request_admitted(request)
+    try:
+        scheduler.on_request_admitted(request)
+    except Exception as exc:
+        # Its blocks are allocated for this step: the step computes them, then the request is failed.
+        scheduler.fail_after_step[request.request_id] = str(PluginHookError(scheduler, "on_request_admitted", exc))
+
+
+def never_fits(scheduler: Scheduler, num_tokens: int) -> bool:
+    """Whether ``num_tokens`` tokens of one request need more blocks than the whole cache has (block 0 is the null
+    block); never true with a sliding window, whose requests hold a bounded number of blocks."""
+    if scheduler.sliding_window is not None:
+        return False
+    num_blocks = -(-(num_tokens + scheduler.num_lookahead_tokens) // scheduler.block_size)
+    return num_blocks > scheduler.kv_cache_manager.num_blocks - 1
+
+
+def never_fits_message(scheduler: Scheduler, request: Request) -> str:
+    """The error of a request that cannot get KV blocks even with the whole cache to itself."""
+    return (
+        f"The KV cache ({scheduler.kv_cache_manager.num_blocks} blocks of {scheduler.block_size} "
+        f"tokens) cannot hold request {request.request_id!r} ({request.num_tokens} tokens) even with nothing else "
+        "running; raise the KV cache size or lower max_model_len."
+    )

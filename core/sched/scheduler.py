@@ -9,12 +9,13 @@ outside the requests (``on_running_allocation_failed``); otherwise a victim is p
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from vllite.exceptions import KVCacheStateError
+from vllite.exceptions import KVCacheStateError, PluginHookError
 from vllite.kv_cache import KVCacheManager, get_hash_fn, get_request_block_hasher
 from vllite.protocol import EngineCoreEventType, EngineCoreOutputs, SchedulerStats
 from vllite.request import Request, RequestStatus
@@ -29,6 +30,8 @@ from vllite.sched.updates import update_from_output
 
 if TYPE_CHECKING:
     from vllite.config import EngineConfig
+
+logger = logging.getLogger(__name__)
 
 StepObserver = Callable[..., Any]
 _FROM_PLUGINS: Any = object()
@@ -118,6 +121,10 @@ class Scheduler(SchedulerInterface):
         self.prev_step_scheduled_req_ids: set[str] = set()
         # Preempted outside schedule() (reset_prefix_cache): reported in the next SchedulerOutput.
         self._preempted_between_steps: set[str] = set()
+        # Fault isolation: requests failed (ERROR) during schedule(), whose outputs the next update_from_output
+        # sends; and requests a hook failed for after they were scheduled, failed once their step's output is in.
+        self.failed_requests: list[Request] = []
+        self.fail_after_step: dict[str, str] = {}
         self._pause_state = PauseState.UNPAUSED
         self.step_counter = 0
         self._num_preemptions_since_stats = 0
@@ -208,8 +215,11 @@ class Scheduler(SchedulerInterface):
                 f"Request {request.request_id!r} has {request.num_tokens} tokens, more than max_model_len "
                 f"({self.max_model_len})."
             )
+        try:
+            self.on_request_arrival(request)
+        except Exception as exc:
+            raise PluginHookError(self, "on_request_arrival", exc) from exc
         self.requests[request.request_id] = request
-        self.on_request_arrival(request)
         self.waiting.add_request(request)
         if self.log_stats:
             request.record_event(EngineCoreEventType.QUEUED, self.clock())
@@ -252,13 +262,37 @@ class Scheduler(SchedulerInterface):
         self.finished_req_ids.add(request_id)
         self.finished_req_ids_dict[request.client_index].add(request_id)
         self._preempted_between_steps.discard(request_id)
+        self.fail_after_step.pop(request_id, None)
         del self.requests[request_id]
-        self.on_request_finished(request)
+        try:
+            self.on_request_finished(request)
+        except Exception as exc:
+            # The base behaviour (free the blocks) keeps the pool whole; the request ends with ERROR unless the
+            # client already gave up on it (aborted).
+            self.kv_cache_manager.free(request)
+            error = PluginHookError(self, "on_request_finished", exc)
+            logger.error("Request %r: %s", request_id, error)
+            if request.status != RequestStatus.FINISHED_ABORTED and request.error is None:
+                request.status = RequestStatus.FINISHED_ERROR
+                request.error = str(error)
+
+    def fail_request(self, request: Request, error: str) -> None:
+        """Finishes ``request`` (already out of the running list and the waiting queue) with ERROR and frees its
+        blocks; its finish output, carrying ``error``, goes out with the next ``update_from_output``."""
+        logger.error("Request %r failed: %s", request.request_id, error)
+        request.status = RequestStatus.FINISHED_ERROR
+        request.error = error
+        self._free_request(request)
+        self.failed_requests.append(request)
 
     # ------------------------------------------------------------------ schedule
     def schedule(self) -> SchedulerOutput:
         """Builds this step's batch (see the module docstring) and advances ``num_computed_tokens``."""
-        self.on_step_start()
+        try:
+            self.on_step_start()
+        except Exception as exc:
+            # Not pinned to any request: the step goes on with the base behaviour (no housekeeping).
+            logger.error("%s; the step goes on without it.", PluginHookError(self, "on_step_start", exc))
         self.step_counter += 1
         self.kv_cache_manager.new_step_starts()
         budget = 0 if self._pause_state == PauseState.PAUSED_ALL else self.max_num_scheduled_tokens

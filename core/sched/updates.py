@@ -8,7 +8,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from vllite.protocol import EngineCoreOutput, EngineCoreOutputs, LogprobsLists, SchedulerStats
+from vllite.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason, LogprobsLists, SchedulerStats
 from vllite.request import Request, RequestStatus
 from vllite.sched.stop import check_stop
 
@@ -27,12 +27,20 @@ def update_from_output(
     stopped_waiting: list[Request] = []
     row_starts = logprob_row_starts(model_runner_output)
     max_model_len = scheduler.max_model_len
+    failed = model_runner_output.failed_requests or {}
+    fail_after_step = scheduler.fail_after_step
     for request_id in scheduler_output.num_scheduled_tokens:
         request = scheduler.requests.get(request_id)
         if request is None or request.is_finished():
             continue  # finished (aborted) while the model ran
         was_running = request.status == RequestStatus.RUNNING
-        new_token_ids = apply_sampled_tokens(request, scheduler_output, model_runner_output, max_model_len)
+        error = failed.get(request_id) or fail_after_step.pop(request_id, None)
+        if error is not None:
+            new_token_ids: list[int] = []  # a plugin failed for it: its tokens are not trusted
+            request.status = RequestStatus.FINISHED_ERROR
+            request.error = error
+        else:
+            new_token_ids = apply_sampled_tokens(request, scheduler_output, model_runner_output, max_model_len)
         stopped = request.is_finished()
         if stopped:
             if was_running:
@@ -47,11 +55,26 @@ def update_from_output(
         scheduler.running[:] = [r for r in scheduler.running if r not in stopped_running]
     if stopped_waiting:
         scheduler.waiting.remove_requests(stopped_waiting)
+    for request in scheduler.failed_requests:
+        outputs[request.client_index].append(make_error_output(request))
+    scheduler.failed_requests = []
     if model_runner_output.draft_token_ids:
         scheduler.update_draft_token_ids(model_runner_output.draft_token_ids)
     engine_core_outputs = group_by_client(outputs, scheduler.finished_req_ids_dict, scheduler.make_stats())
     scheduler.finished_req_ids_dict = defaultdict(set)
     return engine_core_outputs
+
+
+def make_error_output(request: Request) -> EngineCoreOutput:
+    """The finish output of a request failed outside the model's output (during ``schedule()``)."""
+    return EngineCoreOutput(
+        request_id=request.request_id,
+        new_token_ids=[],
+        finish_reason=FinishReason.ERROR,
+        events=request.take_events(),
+        num_cached_tokens=max(request.num_cached_tokens, 0),
+        error=request.error,
+    )
 
 
 def apply_sampled_tokens(
@@ -113,6 +136,7 @@ def make_request_output(
         events=request.take_events(),
         num_cached_tokens=max(request.num_cached_tokens, 0),
         num_nans_in_logits=nans.get(request_id, 0) if nans else 0,
+        error=request.error if stopped else None,
     )
 
 

@@ -129,6 +129,7 @@ class ModelRunner:
         sampling_md = self._sampling_metadata(samples)
         out = self.sampler(logits[:num_reqs], sampling_md)
         sampled = out.sampled_token_ids.tolist()
+        failed = self._take_failed_requests(req_ids, samples)
 
         sampled_token_ids: list[list[int]] = []
         for row, req_id in enumerate(req_ids):
@@ -155,7 +156,19 @@ class ModelRunner:
             sampled_token_ids=sampled_token_ids,
             logprobs=logprobs,
             prompt_logprobs_dict=prompt_logprobs,
+            failed_requests=failed,
         )
+
+    def _take_failed_requests(self, req_ids: list[str], samples: np.ndarray) -> dict[str, str] | None:
+        """The requests a logits processor failed on this step (``req_id -> message``); their rows are marked as
+        sampling nothing, so no token of theirs is kept and the logprobs rows stay aligned."""
+        take = getattr(self.logitsprocs, "take_failed_rows", None)
+        failed_rows = take() if take is not None else None
+        if not failed_rows:
+            return None
+        for row in failed_rows:
+            samples[row] = False
+        return {req_ids[row]: message for row, message in failed_rows.items() if row < len(req_ids)}
 
     # ------------------------------------------------------------------ state
     def _update_states(self, so: SchedulerOutput) -> None:
