@@ -35,11 +35,15 @@ from vllite.protocol import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequ
 from vllite.serial import MsgpackEncoder
 
 from .client_io import process_outputs_socket
+
 from .utils import (
     ENGINE_CORE_DEAD,
+    ENGINE_CORE_HEARTBEAT,
     EndpointFactory,
+    EngineErrorCause,
     EngineHandshakeMetadata,
     EngineZmqAddresses,
+    HandshakeFailure,
     HandshakeStatus,
     ProcSettings,
     engine_identity,
@@ -67,7 +71,9 @@ class BackgroundResources:
     shutdown_path: str | None = None
     output_thread: threading.Thread | None = None
     shutdown_timeout_s: float = 0.0
+    heartbeat_timeout_s: float = 60.0
     engine_dead: bool = False
+    dead_message: str | None = None
     closed: bool = False
     send_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -121,10 +127,39 @@ class BackgroundResources:
             self.parent_conn.close()
             self.parent_conn = None
 
-    def validate_alive(self, frames: list[Any]) -> None:
-        if len(frames) == 1 and frames[0].bytes == ENGINE_CORE_DEAD:
-            self.engine_dead = True
-            raise EngineDeadError()
+    def dead_error(self) -> EngineDeadError:
+        """The (sticky) error every call raises once the engine is dead: it names the cause when one is known."""
+        if self.dead_message is None:
+            return EngineDeadError(suppress_context=True)
+        return EngineDeadError(self.dead_message, suppress_context=True)
+
+    def mark_dead(self, message: str) -> EngineDeadError:
+        """Records the engine's death (the first cause wins) and returns the error to raise."""
+        if not self.engine_dead or self.dead_message is None:
+            self.dead_message = message
+        self.engine_dead = True
+        return self.dead_error()
+
+    def validate_alive(self, frames: list[Any]) -> bool:
+        """Raises ``EngineDeadError`` (with the engine's cause) on ``ENGINE_CORE_DEAD``; True for a heartbeat."""
+        first = frames[0].bytes if frames else b""
+        if first == ENGINE_CORE_HEARTBEAT and len(frames) == 1:
+            return True
+        if first == ENGINE_CORE_DEAD and len(frames) <= 2:
+            cause = "unknown cause"
+            if len(frames) == 2:
+                try:
+                    cause = msgspec.msgpack.decode(frames[1].bytes, type=EngineErrorCause).describe()
+                except msgspec.DecodeError:
+                    cause = "undecodable cause"
+            raise self.mark_dead(f"The engine core died: {cause}")
+        return False
+
+    def kill_hung_process(self) -> None:
+        """Kills an unresponsive engine process (SIGKILL also ends a stopped one); the sockets stay for cleanup."""
+        proc = self.proc
+        if proc is not None and proc.is_alive():
+            proc.kill()
 
 
 class MPClient(EngineCoreClient):
@@ -133,7 +168,9 @@ class MPClient(EngineCoreClient):
     def __init__(self, config: EngineConfig, *, log_stats: bool | None = None, executor_class: type | None = None):
         self.config = config
         self.settings = ProcSettings.from_config(config)
-        self.resources = resources = BackgroundResources(shutdown_timeout_s=self.settings.shutdown_timeout_s)
+        self.resources = resources = BackgroundResources(
+            shutdown_timeout_s=self.settings.shutdown_timeout_s, heartbeat_timeout_s=self.settings.heartbeat_timeout_s
+        )
         self._finalizer = weakref.finalize(self, resources)
         self.encoder = MsgpackEncoder()
         self.utility_results: dict[int, Future] = {}
@@ -192,6 +229,7 @@ class MPClient(EngineCoreClient):
         poller.register(proc.sentinel, zmq.POLLIN)
         ready: EngineInfo | None = None
         got_ready_status = False
+        failure: EngineErrorCause | None = None
         while ready is None or not got_ready_status:
             remaining = deadline - time.monotonic()
             events = dict(poller.poll(timeout=max(0, int(remaining * 1000)))) if remaining > 0 else {}
@@ -209,6 +247,8 @@ class MPClient(EngineCoreClient):
                     handshake.send_multipart([identity, msgspec.msgpack.encode(metadata)])
                 elif status.status == "READY":
                     got_ready_status = True
+                elif status.status == "FAILED":
+                    failure = _decode_failure(payload)
             if input_socket in events:
                 identity, payload = input_socket.recv_multipart()
                 if identity != self.core_engine:
@@ -216,6 +256,12 @@ class MPClient(EngineCoreClient):
                 ready = msgspec.msgpack.decode(payload, type=EngineInfo)
             if proc.sentinel in events or not proc.is_alive():
                 proc.join(timeout=1.0)
+                while failure is None and handshake.poll(timeout=200):  # the child's report may trail its exit
+                    failure = _decode_failure(handshake.recv_multipart()[-1])
+                if failure is not None:
+                    raise EngineStartupError(
+                        f"Engine core initialization failed: {failure.describe()} (exit code {proc.exitcode})."
+                    )
                 raise EngineStartupError(
                     f"Engine core initialization failed (exit code {proc.exitcode}); see the root cause above. "
                     'If your script calls LLM() at module level, guard it with `if __name__ == "__main__":` '
@@ -244,7 +290,7 @@ class MPClient(EngineCoreClient):
     # ------------------------------------------------------------------ sending
     def ensure_alive(self) -> None:
         if self.resources.engine_dead:
-            raise EngineDeadError()
+            raise self.resources.dead_error()
         if self.resources.closed:
             raise EngineClientClosedError("The engine client has been shut down.")
 
@@ -271,7 +317,7 @@ class MPClient(EngineCoreClient):
         future: Future = Future()
         with self.resources.send_lock:
             if self.resources.engine_dead:
-                raise EngineDeadError()
+                raise self.resources.dead_error()
             self.utility_results[call_id] = future
         return call_id, future
 
@@ -306,6 +352,13 @@ class MPClient(EngineCoreClient):
         return self.resources.engine_dead
 
 
+def _decode_failure(payload: bytes) -> EngineErrorCause | None:
+    try:
+        return msgspec.msgpack.decode(payload, type=HandshakeFailure).error
+    except msgspec.DecodeError:
+        return None
+
+
 def _engine_entry(*args: Any, **kwargs: Any) -> None:
     from .entry import run_engine_core
 
@@ -332,11 +385,11 @@ class SyncMPClient(MPClient):
     def get_output(self) -> EngineCoreOutputs:
         """Blocks for the next outputs; raises ``EngineDeadError`` (sticky) once the engine has died."""
         if self.resources.engine_dead and self.outputs_queue.empty():
-            raise EngineDeadError(suppress_context=True)
+            raise self.resources.dead_error()
         outputs = self.outputs_queue.get()
         if isinstance(outputs, BaseException):
             self.outputs_queue.put_nowait(outputs)  # keep it for every later (or concurrent) caller
             if self.resources.engine_dead:
-                raise EngineDeadError(suppress_context=True) from None
+                raise self.resources.dead_error() from None
             raise outputs
         return outputs

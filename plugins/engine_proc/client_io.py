@@ -1,4 +1,8 @@
-"""The client's output thread: decode engine outputs, answer utility futures, detect engine death.
+"""The client's output thread: decode engine outputs, answer utility futures, detect engine death and hangs.
+
+A live engine sends something (outputs or a heartbeat) at least every ``heartbeat_interval_s``; after
+``heartbeat_timeout_s`` of silence the engine is declared hung: every waiting call fails with ``EngineDeadError``
+and the process is killed.
 
 The thread body refers only to the client's ``BackgroundResources``, queues and futures, never to the client
 itself, so an unreferenced client can still be garbage-collected (its finalizer then stops this thread).
@@ -8,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -33,6 +38,7 @@ def process_outputs_socket(
     """The client's output thread: decode outputs, resolve utility futures, detect engine death (no ``self``)."""
     decoder = MsgpackDecoder(EngineCoreOutputs)
     shutdown_socket = resources.ctx.socket(zmq.PAIR)
+    hung = False
     try:
         shutdown_socket.bind(shutdown_path)
         started.set()
@@ -40,11 +46,23 @@ def process_outputs_socket(
         poller.register(shutdown_socket, zmq.POLLIN)
         poller.register(out_socket, zmq.POLLIN)
         poller.register(proc_sentinel, zmq.POLLIN)
+        timeout_s = resources.heartbeat_timeout_s
+        last_heard = time.monotonic()
         while True:
-            events = dict(poller.poll())
+            events = dict(poller.poll(timeout=max(1, int((last_heard + timeout_s - time.monotonic()) * 1000) + 1)))
             if shutdown_socket in events:
                 break
+            if not events:
+                silent_s = time.monotonic() - last_heard
+                if silent_s < timeout_s:
+                    continue
+                hung = True
+                raise resources.mark_dead(
+                    f"The engine core is unresponsive: no message (not even a heartbeat) for {silent_s:.1f} s "
+                    f"(heartbeat timeout {timeout_s:g} s, VLLITE_ENGINE_HEARTBEAT_TIMEOUT_S); its process was killed."
+                )
             if out_socket in events:
+                last_heard = time.monotonic()
                 _handle_output_frames(out_socket.recv_multipart(copy=False), resources, decoder, utility_results, sink)
             elif proc_sentinel in events:
                 # The process exited: deliver what it sent before dying, then declare it dead.
@@ -54,13 +72,13 @@ def process_outputs_socket(
                     )
                 if resources.closed:
                     break
-                resources.engine_dead = True
-                raise EngineDeadError("The engine core process died unexpectedly; see its log above for the cause.")
+                raise resources.mark_dead("The engine core process died unexpectedly; see its log above for the cause.")
     except BaseException as exc:
         if isinstance(exc, EngineDeadError) or resources.engine_dead:
-            resources.engine_dead = True
-            logger.error("Engine core died: %s", exc)
-            exc = EngineDeadError(suppress_context=True)
+            if not isinstance(exc, EngineDeadError):
+                resources.mark_dead(f"The engine core died: {type(exc).__name__}: {exc}")
+            logger.error("Engine core died: %s", resources.dead_message)
+            exc = resources.dead_error()
         elif resources.closed:
             return
         else:
@@ -68,6 +86,8 @@ def process_outputs_socket(
         _fail_pending(resources, utility_results, exc)
         sink(exc)
     finally:
+        if hung and not resources.closed:
+            resources.kill_hung_process()  # a hung (or stopped) engine
         started.set()
         shutdown_socket.close(linger=0)
         out_socket.close(linger=0)
@@ -80,7 +100,8 @@ def _handle_output_frames(
     utility_results: dict[int, Future],
     sink: Callable[[EngineCoreOutputs | BaseException], None],
 ) -> None:
-    resources.validate_alive(frames)
+    if resources.validate_alive(frames):
+        return  # a heartbeat
     outputs: EngineCoreOutputs = decoder.decode(frames)
     if outputs.utility_output is not None:
         output = outputs.utility_output

@@ -10,7 +10,7 @@ The process wrapper holds the engine; it does not change what the engine does. P
 utility mean exactly what they mean in-process (``EngineCore``); the wrapper only adds the I/O loop, deferred
 utility answers (a utility that returns a ``Future`` is answered when it completes) and the shutdown states.
 The busy loop is the only thread that touches the engine. Utility calls run only for ``UTILITY_METHODS``. A
-fatal error sends ``ENGINE_CORE_DEAD`` to every client.
+fatal error sends ``ENGINE_CORE_DEAD`` and its cause (``EngineErrorCause``) to every client.
 """
 
 from __future__ import annotations
@@ -209,8 +209,9 @@ class EngineCoreProc:
         _invoke_utility_method(method_name, get_result, output, enqueue_output)
 
     # ------------------------------------------------------------------ process exit
-    def send_engine_dead(self) -> None:
-        self.io.send_engine_dead()
+    def send_engine_dead(self, cause: BaseException | None = None) -> None:
+        """Tells every client the engine died of ``cause`` (type and message cross the process boundary)."""
+        self.io.send_engine_dead(cause)
 
     def stop_output_thread(self, timeout: float = 5.0) -> None:
         self.io.stop_output_thread(timeout)

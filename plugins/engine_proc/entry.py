@@ -41,6 +41,7 @@ def _setup_child(sys_path: list[str], env: dict[str, str], log_level: int) -> No
             level=log_level, format="%(levelname)s %(asctime)s [EngineCore pid=%(process)d] %(message)s"
         )
     root.setLevel(log_level)
+
     try:
         import setproctitle  # type: ignore[import-not-found]
 
@@ -131,13 +132,14 @@ def run_engine_core(
         exit_code = exc.code if isinstance(exc.code, int) else 0
         if engine_core is not None:
             engine_core.stop_output_thread()
-    except BaseException:
+    except BaseException as exc:
         exit_code = 1
         if engine_core is None:
             logger.exception("EngineCore failed to start.")
+            report_startup_failure(handshake_address, exc)
         else:
             logger.exception("EngineCore encountered a fatal error.")
-            engine_core.send_engine_dead()
+            engine_core.send_engine_dead(exc)
     finally:
         watcher.uninstall()
         if engine_core is not None:
@@ -156,6 +158,28 @@ def run_engine_core(
         except Exception:
             pass
     os._exit(exit_code)
+
+
+def report_startup_failure(handshake_address: str, exc: BaseException, timeout_s: float = 2.0) -> None:
+    """Sends FAILED with the exception's type and message to the frontend's handshake socket (best effort), so
+    the client raises ``EngineStartupError`` naming the real cause."""
+    import msgspec
+    import zmq
+
+    from .utils import EngineErrorCause, HandshakeFailure
+
+    ctx = zmq.Context()
+    try:
+        socket = ctx.socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, int(timeout_s * 1000))
+        socket.connect(handshake_address)
+        status = HandshakeFailure(EngineErrorCause.from_exception(exc))
+        socket.send(msgspec.msgpack.encode(status), zmq.NOBLOCK)
+        socket.close()
+    except Exception:
+        logger.exception("Could not report the start-up failure to the frontend")
+    finally:
+        ctx.term()
 
 
 def _run_multiprocessing_finalizers() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -29,13 +30,20 @@ from vllite.protocol import (
 from vllite.request import Request
 from vllite.serial import DecodeError, MsgpackDecoder, MsgpackEncoder
 
-from .utils import ENGINE_CORE_DEAD, ProcSettings, make_socket
+from .utils import ENGINE_CORE_DEAD, ENGINE_CORE_HEARTBEAT, EngineErrorCause, ProcSettings, make_socket
 
 logger = logging.getLogger(__name__)
 
 # (client_index, call_id, method_name, positional args)
 UtilityCall = tuple[int, int, str, list[Any]]
 OUTPUT_STOP = object()
+
+
+class _EngineDeadNotice:
+    """The output queue's last item after a fatal error: ``ENGINE_CORE_DEAD`` and the encoded cause."""
+
+    def __init__(self, cause: EngineErrorCause) -> None:
+        self.payload = msgspec.msgpack.encode(cause)
 
 
 _CLIENT_REQUEST_TYPES = (EngineCoreRequestType.ADD, EngineCoreRequestType.ABORT, EngineCoreRequestType.UTILITY)
@@ -59,7 +67,9 @@ class EngineIOThreads:
     """The input and output threads of one engine process, and the queues that connect them to its busy loop.
 
     ``input_queue`` holds ``(EngineCoreRequestType, payload)`` for the busy loop; ``output_queue`` holds
-    ``(client_index, EngineCoreOutputs)`` (or ``ENGINE_CORE_DEAD`` / ``OUTPUT_STOP``) for the output thread.
+    ``(client_index, EngineCoreOutputs)`` (or an engine-dead notice / ``OUTPUT_STOP``) for the output thread,
+    which also sends ``ENGINE_CORE_HEARTBEAT`` to every client when it has sent nothing for
+    ``settings.heartbeat_interval_s`` (on its own timer, so heartbeats flow during long steps too).
     """
 
     def __init__(
@@ -111,8 +121,11 @@ class EngineIOThreads:
         outputs = [EngineCoreOutput(req_id, [], finish_reason=reason) for req_id in req_ids]
         self.output_queue.put_nowait((client_index, EngineCoreOutputs(outputs=outputs, finished_requests=set(req_ids))))
 
-    def send_engine_dead(self) -> None:
-        self.output_queue.put_nowait(ENGINE_CORE_DEAD)
+    def send_engine_dead(self, cause: BaseException | None = None) -> None:
+        """Sends ``ENGINE_CORE_DEAD`` + the cause to every client and waits for the output thread to finish."""
+        if cause is None:
+            cause = RuntimeError("unknown cause")
+        self.output_queue.put_nowait(_EngineDeadNotice(EngineErrorCause.from_exception(cause)))
         if self.output_thread is not None:
             self.output_thread.join(timeout=5.0)
             if self.output_thread.is_alive():
@@ -205,15 +218,24 @@ class EngineIOThreads:
         reuse_buffers: list[bytearray] = []
         pending: deque[tuple[zmq.MessageTracker, Any, bytearray]] = deque()
         max_reuse = len(sockets) + 1
+        interval = self.settings.heartbeat_interval_s
+        last_sent = time.monotonic()
         try:
             while True:
-                item = self.output_queue.get()
+                try:
+                    item = self.output_queue.get(timeout=max(0.0, last_sent + interval - time.monotonic()))
+                except queue.Empty:
+                    for socket in sockets:
+                        socket.send(ENGINE_CORE_HEARTBEAT)
+                    last_sent = time.monotonic()
+                    continue
                 if item is OUTPUT_STOP:
                     break
-                if isinstance(item, bytes) and item == ENGINE_CORE_DEAD:
+                if isinstance(item, _EngineDeadNotice):
                     for socket in sockets:
-                        socket.send(ENGINE_CORE_DEAD)
+                        socket.send_multipart([ENGINE_CORE_DEAD, item.payload])
                     break
+                last_sent = time.monotonic()
                 client_index, outputs = item
                 if not 0 <= client_index < len(sockets):
                     logger.error("Dropping outputs for unknown client %d", client_index)

@@ -20,6 +20,12 @@ from vllite.config import EngineConfig
 
 PLUGIN_KEY = "engine_proc"
 ENGINE_CORE_DEAD = b"ENGINE_CORE_DEAD"
+#: A fixed one-frame message the engine's output thread sends when it has sent nothing else for a while.
+ENGINE_CORE_HEARTBEAT = b"ENGINE_CORE_HEARTBEAT"
+DEFAULT_HEARTBEAT_TIMEOUT_S = 60.0
+#: The longest interval between two messages from a live engine (heartbeats fill the gaps).
+MAX_HEARTBEAT_INTERVAL_S = 1.0
+IPC_DIR_PREFIX = "vllite-"
 DEFAULT_READY_TIMEOUT_S = 600.0
 DEFAULT_HANDSHAKE_TIMEOUT_S = 300.0
 DEFAULT_MAX_FRAME_BYTES = 256 * 1024 * 1024
@@ -45,11 +51,35 @@ class EngineHandshakeMetadata(msgspec.Struct):
 
 
 class HandshakeStatus(msgspec.Struct):
-    """HELLO and READY messages on the handshake socket."""
+    """HELLO, READY and FAILED messages on the handshake socket (a FAILED one is a ``HandshakeFailure``)."""
 
     status: str
     local: bool = True
     headless: bool = False
+
+
+class HandshakeFailure(msgspec.Struct):
+    """What a child that failed to start sends on the handshake socket: FAILED and its start-up error's cause."""
+
+    error: EngineErrorCause
+    status: str = "FAILED"
+
+
+class EngineErrorCause(msgspec.Struct, forbid_unknown_fields=True):
+    """A fatal engine exception as a value: its type name and message (the frame after ``ENGINE_CORE_DEAD``)."""
+
+    type: str
+    message: str
+
+    @classmethod
+    def from_exception(cls, exc: BaseException, limit: int = 2000) -> EngineErrorCause:
+        message = str(exc)
+        if len(message) > limit:
+            message = message[:limit] + "..."
+        return cls(type(exc).__name__, message)
+
+    def describe(self) -> str:
+        return f"{self.type}: {self.message}" if self.message else self.type
 
 
 @dataclass
@@ -61,11 +91,18 @@ class ProcSettings:
     shutdown_timeout_s: float = 0.0
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     tcp_host: str | None = None
+    heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S
+
+    @property
+    def heartbeat_interval_s(self) -> float:
+        """How often an otherwise silent engine sends a heartbeat: a quarter of the timeout, at most 1 s."""
+        return min(MAX_HEARTBEAT_INTERVAL_S, self.heartbeat_timeout_s / 4)
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> ProcSettings:
         """Plugin config first, then ``VLLITE_ENGINE_READY_TIMEOUT_S``, ``VLLITE_ENGINE_HANDSHAKE_TIMEOUT_S``,
-        ``VLLITE_ENGINE_SHUTDOWN_TIMEOUT_S``, ``VLLITE_ENGINE_MAX_FRAME_BYTES``, ``VLLITE_ENGINE_TCP_HOST``."""
+        ``VLLITE_ENGINE_SHUTDOWN_TIMEOUT_S``, ``VLLITE_ENGINE_MAX_FRAME_BYTES``, ``VLLITE_ENGINE_TCP_HOST``,
+        ``VLLITE_ENGINE_HEARTBEAT_TIMEOUT_S``."""
         section = dict(config.plugin_config.get(PLUGIN_KEY) or {})
 
         def pick(key: str, env: str, default: Any, conv: Any) -> Any:
@@ -82,11 +119,16 @@ class ProcSettings:
             shutdown_timeout_s=pick("shutdown_timeout_s", "VLLITE_ENGINE_SHUTDOWN_TIMEOUT_S", 0.0, float),
             max_frame_bytes=pick("max_frame_bytes", "VLLITE_ENGINE_MAX_FRAME_BYTES", DEFAULT_MAX_FRAME_BYTES, int),
             tcp_host=pick("tcp_host", "VLLITE_ENGINE_TCP_HOST", None, str),
+            heartbeat_timeout_s=pick(
+                "heartbeat_timeout_s", "VLLITE_ENGINE_HEARTBEAT_TIMEOUT_S", DEFAULT_HEARTBEAT_TIMEOUT_S, float
+            ),
         )
         if settings.ready_timeout_s <= 0 or settings.handshake_timeout_s <= 0:
             raise ValueError("Engine ready/handshake timeouts must be > 0 seconds.")
         if settings.shutdown_timeout_s < 0:
             raise ValueError(f"shutdown_timeout_s must be >= 0, got {settings.shutdown_timeout_s}.")
+        if settings.heartbeat_timeout_s <= 0:
+            raise ValueError(f"heartbeat_timeout_s must be > 0 seconds, got {settings.heartbeat_timeout_s}.")
         if settings.max_frame_bytes < 1024:
             raise ValueError(f"max_frame_bytes must be >= 1024, got {settings.max_frame_bytes}.")
         return settings
