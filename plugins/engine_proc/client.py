@@ -35,7 +35,6 @@ from vllite.protocol import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequ
 from vllite.serial import MsgpackEncoder
 
 from .client_io import process_outputs_socket
-
 from .utils import (
     ENGINE_CORE_DEAD,
     ENGINE_CORE_HEARTBEAT,
