@@ -34,6 +34,8 @@ class ModelConfig:
     max_model_len: int | None = None
     seed: int = 0
     trust_remote_code: bool = False
+    # The most logprobs (``logprobs`` / ``prompt_logprobs``) a request may ask for; -1: no limit but the vocabulary.
+    max_logprobs: int = 20
     skip_tokenizer_init: bool = False
     # "auto": default sampling parameters from the model folder's generation_config.json; "vllm": none;
     # any other value: a folder holding a generation_config.json.
@@ -182,6 +184,9 @@ class EngineArgs:
     dtype: str = field(default="auto", metadata=_help("Model dtype.", choices=DTYPES))
     max_model_len: int | None = field(default=None, metadata=_help("Context length (default: the model's)."))
     seed: int = field(default=0, metadata=_help("Seed for sampling without a per-request seed."))
+    max_logprobs: int = field(
+        default=20, metadata=_help("Most logprobs / prompt_logprobs a request may ask for (-1: the whole vocabulary).")
+    )
     trust_remote_code: bool = field(default=False, metadata=_help("Allow model code from the model folder."))
     skip_tokenizer_init: bool = field(default=False, metadata=_help("Token ids in and out; no tokenizer."))
     block_size: int = field(default=16, metadata=_help("Tokens per KV-cache block."))
@@ -276,6 +281,7 @@ class EngineArgs:
                 dtype=self.dtype,
                 max_model_len=self.max_model_len,
                 seed=self.seed,
+                max_logprobs=self.max_logprobs,
                 trust_remote_code=self.trust_remote_code,
                 skip_tokenizer_init=self.skip_tokenizer_init,
                 generation_config=self.generation_config,

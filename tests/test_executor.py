@@ -187,7 +187,8 @@ def test_model_and_kv_cache_facts_are_reported_not_written(model_dirs: dict[str,
     ex = DefaultExecutor(cfg)
     assert ex.model_info.max_model_len == 256 and ex.model_info.vocab_size == cfg.model_config.hf_config.vocab_size
     assert cfg.model_config.hf_config.model_type == "llama"
-    assert ex.initialize_kv_cache() == KVCacheInfo(num_blocks=64, max_model_len=256)
+    # 64 blocks of 4 tokens (one is the null block) hold 252 tokens: with no max_model_len given, the context shrinks.
+    assert ex.initialize_kv_cache() == KVCacheInfo(num_blocks=64, max_model_len=252)
     assert cfg.model_config.max_model_len is None and cfg.cache_config.num_gpu_blocks is None  # unchanged
     assert ex.max_concurrent_batches == 1
     assert DefaultExecutor(make_config(model_dirs["llama"], max_model_len=100)).model_info.max_model_len == 100

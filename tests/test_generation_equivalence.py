@@ -60,7 +60,8 @@ def model_case(request):
 
 def _generate(model_dir: str, prompts: list[list[int]], **engine_kwargs):
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=2)
-    llm = LLM(model_dir, dtype="float32", max_model_len=256, block_size=16, **engine_kwargs)
+    engine_kwargs = {"max_model_len": 256, **engine_kwargs}
+    llm = LLM(model_dir, dtype="float32", block_size=16, **engine_kwargs)
     try:
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         return llm, outputs
@@ -92,7 +93,8 @@ def test_batch_size_one(model_case):
 
 def test_preemption_with_small_kv_cache(model_case):
     model_dir, prompts, expected = model_case
-    llm, outputs = _generate(model_dir, prompts, num_gpu_blocks_override=12, max_num_seqs=16)
+    # 12 blocks (one is the null block) hold one sequence of 176 tokens: max_model_len must fit it.
+    llm, outputs = _generate(model_dir, prompts, num_gpu_blocks_override=12, max_num_seqs=16, max_model_len=176)
     _assert_equal(outputs, expected)
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
     assert scheduler.num_preemptions_total > 0, "the small KV cache was meant to force preemptions"
@@ -121,7 +123,7 @@ def test_multiprocess_engine_matches(model_case, monkeypatch):
     model_dir, prompts, expected = model_case
     pytest.importorskip("vllite.plugins.engine_proc.client")
     monkeypatch.setenv("VLLITE_ENABLE_MULTIPROCESSING", "1")
-    _, outputs = _generate(model_dir, prompts, max_num_batched_tokens=24, num_gpu_blocks_override=14)
+    _, outputs = _generate(model_dir, prompts, max_num_batched_tokens=24, num_gpu_blocks_override=14, max_model_len=208)
     _assert_equal(outputs, expected)
 
 

@@ -167,7 +167,31 @@ class InputProcessor:
                 "Shorten the prompt, raise --max-model-len, or set truncate_prompt_tokens."
             )
 
+    def _validate_logprobs(self, params: SamplingParams) -> None:
+        """``logprobs`` / ``prompt_logprobs`` within ``max_logprobs`` (-1, the whole vocabulary, only when it is -1)
+        and the vocabulary, as vLLM checks them at submit time."""
+        max_logprobs = self.model_config.max_logprobs
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is None:
+                continue
+            if value == -1 and max_logprobs != -1:
+                raise ValueError(
+                    f"SamplingParams.{name}=-1 (the whole vocabulary) needs max_logprobs=-1; "
+                    f"this engine allows at most {max_logprobs} (--max-logprobs)."
+                )
+            if max_logprobs != -1 and value > max_logprobs:
+                raise ValueError(
+                    f"Requested SamplingParams.{name}={value}, more than the engine allows: "
+                    f"max_logprobs={max_logprobs} (--max-logprobs)."
+                )
+            if self.vocab_size is not None and value > self.vocab_size:
+                raise ValueError(
+                    f"Requested SamplingParams.{name}={value}, more than the vocabulary ({self.vocab_size} tokens)."
+                )
+
     def _finalize_params(self, params: SamplingParams, prompt_len: int) -> SamplingParams:
+        self._validate_logprobs(params)
         vocab = self.vocab_size
         if vocab is not None:
             for name, ids in (

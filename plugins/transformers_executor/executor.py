@@ -18,7 +18,7 @@ import logging
 
 import torch
 
-from vllite.exceptions import DeviceUnavailableError, ExecutorAsleepError, ModelLoadError
+from vllite.exceptions import DeviceUnavailableError, ExecutorAsleepError, KVCacheMemoryError, ModelLoadError
 from vllite.executor import Executor, KVCacheInfo, ModelInfo
 from vllite.kv_cache.sizing import (
     cpu_kvcache_space_bytes,
@@ -107,12 +107,7 @@ class DefaultExecutor(Executor):
         )
         if cc.num_gpu_blocks_override is not None:
             num_blocks = int(cc.num_gpu_blocks_override)
-            if (num_blocks - 1) * cc.block_size < max_model_len:
-                logger.warning(
-                    "num_gpu_blocks_override=%d cannot hold one sequence of max_model_len=%d tokens.",
-                    num_blocks,
-                    max_model_len,
-                )
+            max_model_len = self._fit_context_to_override(num_blocks, max_model_len)
         else:
             num_blocks, max_model_len = determine_num_blocks(
                 self._available_kv_bytes(),
@@ -137,6 +132,28 @@ class DefaultExecutor(Executor):
             self.device,
         )
         return KVCacheInfo(num_blocks=num_blocks, max_model_len=max_model_len)
+
+    def _fit_context_to_override(self, num_blocks: int, max_model_len: int) -> int:
+        """The context length ``num_blocks`` blocks (block 0 is the null block) can hold one sequence of: the model's
+        own, shrunk with a warning when the user gave no max_model_len; a user-fixed max_model_len that does not fit
+        is a ``KVCacheMemoryError`` (a request of that length could never run)."""
+        block_size = self.config.cache_config.block_size
+        capacity = (num_blocks - 1) * block_size
+        if capacity >= max_model_len:
+            return max_model_len
+        if not self._may_shrink_context or capacity <= 0:
+            raise KVCacheMemoryError(
+                f"num_gpu_blocks_override={num_blocks} blocks of {block_size} tokens hold {max(capacity, 0)} tokens, "
+                f"less than one sequence of max_model_len={max_model_len}: raise --num-gpu-blocks-override to at "
+                f"least {-(-max_model_len // block_size) + 1} or lower --max-model-len to at most {max(capacity, 0)}."
+            )
+        logger.warning(
+            "num_gpu_blocks_override=%d cannot hold one sequence of the model's %d tokens: the context shrinks to %d.",
+            num_blocks,
+            max_model_len,
+            capacity,
+        )
+        return capacity
 
     def _available_kv_bytes(self) -> int:
         cc = self.config.cache_config
