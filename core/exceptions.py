@@ -11,7 +11,8 @@ The hierarchy (a class in brackets is a second base, kept so that callers catchi
     ├── UnknownComponentError [ValueError], ModelLoadError [ValueError], KVCacheMemoryError [ValueError]
     ├── EngineDeadError
     ├── EngineStartupError [RuntimeError]
-    ├── EngineClientError [RuntimeError] ── EngineClientClosedError, EngineClientUsageError, UtilityCallError
+    ├── EngineClientError [RuntimeError] ── EngineClientClosedError, EngineClientUsageError, UtilityCallError,
+    │                                       RequestProcessingError
     ├── ExecutorError [RuntimeError] ── ExecutorFailedError, ModelExecutionError, ExecutorAsleepError,
     │                                   KVCacheNotAllocatedError, DeviceUnavailableError, AttentionRoutingError
     ├── InternalStateError [RuntimeError] ── KVCacheStateError, BatchStateError
@@ -79,12 +80,24 @@ class EngineClientError(VlliteError, RuntimeError):
 
 
 class EngineClientClosedError(EngineClientError):
-    """A request or call was sent through an engine client after :meth:`shutdown`."""
+    """A request or call was sent through an engine client after :meth:`shutdown`, or was still waiting (a
+    blocked ``get_output()``, an open ``AsyncLLM`` stream, a utility call) when the client was shut down."""
 
 
 class EngineClientUsageError(EngineClientError):
     """A client method was called that this kind of client does not offer (e.g. the blocking ``get_output`` of
     the asyncio client)."""
+
+
+class RequestProcessingError(EngineClientError):
+    """The frontend failed to process one request's output (detokenizing, stop strings, logprobs): that request
+    alone is finished with ``finish_reason="error"`` and aborted in the engine; the engine and the other requests
+    are unaffected. ``request_id`` is the caller's id; the message names it and the cause."""
+
+    def __init__(self, request_id: str, cause: BaseException):
+        super().__init__(f"Processing the output of request {request_id!r} failed: {type(cause).__name__}: {cause}")
+        self.request_id = request_id
+        self.cause = cause
 
 
 class UtilityCallError(EngineClientError):

@@ -69,7 +69,13 @@ class LLM:
         use_tqdm: bool = True,
         priority: list[int] | None = None,
     ) -> list[RequestOutput]:
-        """Generates for every prompt and returns the finished outputs in input order."""
+        """Generates for every prompt and returns the finished outputs in input order.
+
+        A request that fails alone — in the engine (a plugin raised while serving it) or here (its detokenizer,
+        stop strings or logprobs raised) — does not fail the call: its output comes back in its place, finished,
+        with ``outputs[i].finish_reason == "error"`` and the cause in ``outputs[i].error``, and the other results
+        are returned as usual. Only an engine that dies (``EngineDeadError``) or is shut down fails the call.
+        """
         # A single prompt (text, a dict, or a list of token ids) or a sequence of them.
         batch: list[PromptType]
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
@@ -154,9 +160,9 @@ class LLM:
                             progress.update(1)
         except BaseException:
             # A failed step (or Ctrl-C) must not leave orphaned requests behind in a reusable engine.
-            from vllite.exceptions import EngineDeadError
+            from vllite.exceptions import EngineClientClosedError, EngineDeadError
 
-            if not isinstance(sys.exc_info()[1], EngineDeadError):
+            if not isinstance(sys.exc_info()[1], (EngineDeadError, EngineClientClosedError)):
                 self.llm_engine.abort_all_requests()
             raise
         finally:

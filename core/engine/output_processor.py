@@ -9,6 +9,7 @@ the caller (``LLMEngine``) or, for async use, into a per-request queue (``Reques
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import defaultdict
 from collections.abc import Iterable
@@ -18,6 +19,7 @@ from typing import Any, Protocol
 from vllite.engine.detokenizer import IncrementalDetokenizer
 from vllite.engine.logprobs import LogprobsProcessor
 from vllite.engine.parallel_sampling import ParentRequest
+from vllite.exceptions import RequestProcessingError
 from vllite.outputs import CompletionOutput, RequestOutput
 from vllite.protocol import (
     EngineCoreEvent,
@@ -28,6 +30,8 @@ from vllite.protocol import (
     SchedulerStats,
 )
 from vllite.sampling_params import RequestOutputKind
+
+logger = logging.getLogger(__name__)
 
 
 class OutputQueue(Protocol):
@@ -149,6 +153,17 @@ class RequestState:
             kv_transfer_params=kv_transfer_params,
         )
 
+    def error_completion(self, message: str) -> CompletionOutput:
+        """This sample's final output after a client-side failure: the text and tokens so far (read without
+        decoding anything more), ``finish_reason="error"`` and ``message``."""
+        return CompletionOutput(
+            index=self.request_index,
+            text=self.detokenizer.output_text,
+            token_ids=list(self.detokenizer.output_token_ids),
+            finish_reason=str(FinishReason.ERROR),
+            error=message,
+        )
+
     def _new_completion_output(
         self, token_ids: list[int], finish_reason: FinishReason | None, stop_reason: int | str | None
     ) -> CompletionOutput:
@@ -235,32 +250,74 @@ class OutputProcessor:
             state = self.request_states.get(output.request_id)
             if state is None:
                 continue
-            new_token_ids = output.new_token_ids
-            finish_reason, stop_reason = output.finish_reason, output.stop_reason
-            state.num_cached_tokens = output.num_cached_tokens
-            state.error = output.error
-            state.is_prefilling = False
-            if state.stats is not None:
-                if output.events:
-                    state.stats.record_events(output.events)
-                _update_stats(state.stats, len(new_token_ids), output.num_cached_tokens, now)
-            stop_string = state.detokenizer.update(new_token_ids, finish_reason == FinishReason.STOP)
-            if stop_string is not None:
-                finish_reason, stop_reason = FinishReason.STOP, stop_string
-            state.logprobs_processor.update_from_output(output)
-            request_output = state.make_request_output(
-                new_token_ids, finish_reason, stop_reason, output.kv_transfer_params
-            )
-            if request_output is not None:
-                if state.queue is not None:
-                    state.queue.put(request_output)
-                else:
-                    result.request_outputs.append(request_output)
-            if finish_reason is not None:
-                self._finish_request(state)
-                if not output.finished:
-                    result.reqs_to_abort.append(state.request_id)
+            try:
+                self._process_output(state, output, now, result)
+            except Exception as exc:  # detokenizer, stop strings, logprobs: this request fails, no other
+                self._fail_request(state, exc, result)
         return result
+
+    def _process_output(
+        self, state: RequestState, output: EngineCoreOutput, now: float, result: OutputProcessorOutput
+    ) -> None:
+        new_token_ids = output.new_token_ids
+        finish_reason, stop_reason = output.finish_reason, output.stop_reason
+        state.num_cached_tokens = output.num_cached_tokens
+        state.error = output.error
+        state.is_prefilling = False
+        if state.stats is not None:
+            if output.events:
+                state.stats.record_events(output.events)
+            _update_stats(state.stats, len(new_token_ids), output.num_cached_tokens, now)
+        stop_string = state.detokenizer.update(new_token_ids, finish_reason == FinishReason.STOP)
+        if stop_string is not None:
+            finish_reason, stop_reason = FinishReason.STOP, stop_string
+        state.logprobs_processor.update_from_output(output)
+        request_output = state.make_request_output(new_token_ids, finish_reason, stop_reason, output.kv_transfer_params)
+        if request_output is not None:
+            if state.queue is not None:
+                state.queue.put(request_output)
+            else:
+                result.request_outputs.append(request_output)
+        if finish_reason is not None:
+            self._finish_request(state)
+            if not output.finished:
+                result.reqs_to_abort.append(state.request_id)
+
+    def _fail_request(self, state: RequestState, exc: Exception, result: OutputProcessorOutput) -> None:
+        """Finishes the request whose output could not be processed (all ``n > 1`` siblings with it) with
+        ``finish_reason="error"`` and lists it in ``reqs_to_abort``. Async use: its queue gets a
+        ``RequestProcessingError`` (the stream raises it); sync use: the step returns an error output."""
+        error = RequestProcessingError(state.external_req_id, exc)
+        logger.warning("%s; the request is aborted, the engine goes on", error, exc_info=exc)
+        parent = state.parent_req
+        siblings = [state]
+        if parent is not None:
+            siblings = [self.request_states[i] for i in sorted(parent.child_requests) if i in self.request_states]
+        completions: list[CompletionOutput] = []
+        for sibling in siblings:
+            completion = sibling.error_completion(str(error))
+            if parent is None:
+                completions = [completion]
+            else:
+                outputs, _ = parent.get_outputs(sibling.request_id, completion)
+                completions = outputs if parent.final_only else completions + outputs
+            self._finish_request(sibling)
+            result.reqs_to_abort.append(sibling.request_id)
+        if state.queue is not None:
+            state.queue.put(error)
+            return
+        result.request_outputs.append(
+            RequestOutput(
+                request_id=parent.external_req_id if parent is not None else state.external_req_id,
+                prompt=state.prompt,
+                prompt_token_ids=state.prompt_token_ids,
+                prompt_logprobs=None,
+                outputs=completions,
+                finished=True,
+                num_cached_tokens=state.num_cached_tokens,
+                metrics=state.stats,
+            )
+        )
 
     def abort_requests(self, request_ids: Iterable[str], internal: bool = False) -> list[str]:
         """Drops the requests' state; returns the internal ids to abort in the engine.
@@ -290,6 +347,15 @@ class OutputProcessor:
         for state in self.request_states.values():
             if state.queue is not None:
                 state.queue.put(exc)
+
+    def fail_all(self, exc: Exception) -> list[str]:
+        """Ends every request: ``exc`` goes into each queue (its stream raises it) and all state is dropped
+        (async use: shutdown, or an output handler that cannot go on). Returns the internal ids."""
+        self.propagate_error(exc)
+        request_ids = list(self.request_states)
+        for state in list(self.request_states.values()):
+            self._finish_request(state)
+        return request_ids
 
     def update_scheduler_stats(self, scheduler_stats: SchedulerStats | None) -> None:
         if scheduler_stats is not None:

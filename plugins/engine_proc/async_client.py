@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from vllite.config import EngineConfig
-from vllite.exceptions import EngineClientUsageError, EngineDeadError
+from vllite.exceptions import EngineClientClosedError, EngineClientUsageError
 from vllite.protocol import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType
 
 from .client import MPClient
@@ -64,7 +64,9 @@ class AsyncMPClient(MPClient):
         return sink
 
     async def get_output_async(self) -> EngineCoreOutputs:
-        """The next outputs; raises ``EngineDeadError`` (every time, once dead) when the engine has died."""
+        """The next outputs. Raises ``EngineDeadError`` (every time, once dead; it names the engine's cause when
+        known) when the engine has died, ``EngineClientClosedError`` once the client is shut down (a waiting call
+        wakes with it)."""
         event = self._waker.bind(asyncio.get_running_loop())
         pending = self._pending
         while True:
@@ -73,11 +75,13 @@ class AsyncMPClient(MPClient):
                 if isinstance(item, BaseException):
                     pending.appendleft(item)  # sticky: every later call raises too
                     if self.resources.engine_dead:
-                        raise EngineDeadError(suppress_context=True) from None
+                        raise self.resources.dead_error() from None
                     raise item
                 return item
             if self.resources.engine_dead:
-                raise EngineDeadError(suppress_context=True)
+                raise self.resources.dead_error()
+            if self.resources.closed:
+                raise EngineClientClosedError("The engine client has been shut down.")
             event.clear()
             if pending:
                 continue

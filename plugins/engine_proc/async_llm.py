@@ -4,7 +4,9 @@ One output-handler task per event loop pulls ``EngineCoreOutputs`` from the ``As
 ``OutputProcessor`` (detokenize, stop strings, n > 1) and puts each ``RequestOutput`` into its request's
 ``RequestOutputCollector``; each ``generate()`` iterator reads only its own collector. Cancelling an iterator
 (task cancellation or ``aclose()``) aborts the request in the engine. If the engine dies, every open iterator
-raises ``EngineDeadError``.
+raises ``EngineDeadError``; after ``shutdown()`` every open iterator raises ``EngineClientClosedError``. If the
+output of one request cannot be processed (its detokenizer, stop strings or logprobs raise), that iterator alone
+raises ``RequestProcessingError`` and the request is aborted in the engine; the other streams go on.
 
     llm = AsyncLLM(model="path/to/model")
     async for out in llm.generate("Hello", SamplingParams(output_kind=RequestOutputKind.DELTA), "req-1"):
@@ -14,13 +16,14 @@ raises ``EngineDeadError``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 from vllite.config import EngineArgs, EngineConfig
 from vllite.engine.input_processor import PromptType
-from vllite.exceptions import EngineClientClosedError, EngineDeadError
+from vllite.exceptions import EngineClientClosedError, EngineDeadError, RequestProcessingError
 from vllite.outputs import RequestOutput
 from vllite.sampling_params import SamplingParams
 
@@ -74,7 +77,7 @@ class AsyncLLM:
 
     @property
     def dead_error(self) -> BaseException:
-        return EngineDeadError()
+        return self.engine_core.resources.dead_error()
 
     def get_tokenizer(self) -> Any:
         return self.tokenizer
@@ -93,7 +96,9 @@ class AsyncLLM:
         from vllite.engine.output_processor import RequestOutputCollector
 
         if self.errored:
-            raise EngineDeadError()
+            raise self.dead_error
+        if self.engine_core.resources.closed:
+            raise EngineClientClosedError("AsyncLLM has been shut down.")
         self._ensure_output_handler()
         params = params or self.frontend.default_sampling_params()
         queue = RequestOutputCollector(output_kind=params.output_kind)
@@ -114,7 +119,9 @@ class AsyncLLM:
         """Streams the request's outputs (DELTA, CUMULATIVE or FINAL_ONLY, per ``sampling_params.output_kind``).
 
         Cancelling the consuming task, or closing the iterator early, aborts the request in the engine.
-        Raises ``EngineDeadError`` if the engine dies, ``ValueError`` for an invalid prompt or parameters.
+        Raises ``EngineDeadError`` if the engine dies, ``EngineClientClosedError`` if ``shutdown()`` is called
+        meanwhile, ``RequestProcessingError`` if this request's output cannot be processed (the request is
+        aborted; other streams are unaffected), ``ValueError`` for an invalid prompt or parameters.
         """
         queue = await self.add_request(request_id, prompt, sampling_params, priority=priority)
         finished = False
@@ -127,8 +134,8 @@ class AsyncLLM:
             if not finished:
                 self._abort_now([request_id])
             raise
-        except EngineDeadError:
-            raise
+        except (EngineDeadError, EngineClientClosedError, RequestProcessingError):
+            raise  # the request is already gone: dead engine, shut down, or failed and aborted
         except BaseException:
             if not finished:
                 self._abort_now([request_id])
@@ -181,14 +188,16 @@ class AsyncLLM:
         return await self.engine_core.call_utility_async(method, *args)
 
     def shutdown(self) -> None:
-        """Stops the output handler and the engine process; idempotent."""
-        task = self._output_handler
+        """Stops the output handler and the engine process; idempotent. Every open ``generate()`` stream wakes
+        and raises ``EngineClientClosedError``, whichever thread calls this."""
+        task, self._output_handler = self._output_handler, None
+        loop = task.get_loop() if task is not None else None
         if task is not None and not task.done():
-            try:
-                task.get_loop().call_soon_threadsafe(task.cancel)
-            except RuntimeError:
-                pass
-        self._output_handler = None
+            _call_in_loop(loop, task.cancel)
+        output_processor = getattr(self, "output_processor", None)
+        if output_processor is not None and output_processor.has_unfinished_requests():
+            closed = EngineClientClosedError("AsyncLLM was shut down before the request finished.")
+            _call_in_loop(loop, output_processor.fail_all, closed)
         engine_core = getattr(self, "engine_core", None)
         if engine_core is not None:
             engine_core.shutdown()
@@ -200,8 +209,29 @@ class AsyncLLM:
             pass
 
 
+def _call_in_loop(loop: asyncio.AbstractEventLoop | None, fn: Any, *args: Any) -> None:
+    """Runs ``fn(*args)`` on ``loop``'s thread: now when called there (or when the loop is gone), else soon."""
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if loop is None or loop is running or loop.is_closed():
+        fn(*args)
+        return
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # closed meanwhile: nobody can be waiting in it
+        fn(*args)
+
+
 async def _output_handler(engine_core: Any, output_processor: Any) -> None:
-    """Pulls engine outputs and routes them to the per-request collectors until the engine stops."""
+    """Pulls engine outputs and routes them to the per-request collectors until the engine stops.
+
+    A failure in one request's output processing ends that request only (``OutputProcessor`` turns it into a
+    ``RequestProcessingError`` in its stream and lists it for abort here). When the client itself fails, every
+    open stream gets the error: ``EngineDeadError`` (the engine died), ``EngineClientClosedError`` (shut down), or
+    the unexpected exception itself (then the requests are aborted in the engine, which may still be healthy).
+    """
     try:
         while True:
             outputs = await engine_core.get_output_async()
@@ -214,7 +244,10 @@ async def _output_handler(engine_core: Any, output_processor: Any) -> None:
                     engine_core.abort_requests(processed.reqs_to_abort)
     except asyncio.CancelledError:
         raise
+    except (EngineDeadError, EngineClientClosedError) as exc:
+        output_processor.fail_all(exc)
     except Exception as exc:
-        if not isinstance(exc, EngineDeadError):
-            logger.exception("AsyncLLM output handler failed")
-        output_processor.propagate_error(exc if isinstance(exc, EngineDeadError) else EngineDeadError())
+        logger.exception("AsyncLLM output handler failed")
+        request_ids = output_processor.fail_all(exc)
+        with contextlib.suppress(EngineDeadError, EngineClientClosedError):
+            engine_core.abort_requests(request_ids)

@@ -34,7 +34,7 @@ from vllite.exceptions import EngineClientClosedError, EngineDeadError, EngineSt
 from vllite.protocol import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType, EngineInfo
 from vllite.serial import MsgpackEncoder
 
-from .client_io import process_outputs_socket
+from .client_io import _fail_pending, process_outputs_socket
 from .utils import (
     ENGINE_CORE_DEAD,
     ENGINE_CORE_HEARTBEAT,
@@ -343,7 +343,15 @@ class MPClient(EngineCoreClient):
 
     # ------------------------------------------------------------------ shutdown
     def shutdown(self) -> None:
-        """Stops the output thread and the engine process and removes sockets; idempotent."""
+        """Stops the output thread and the engine process and removes sockets; idempotent.
+
+        Every caller still waiting on this client (a blocked ``get_output()`` or ``get_output_async()``, a utility
+        call) wakes first, with ``EngineClientClosedError``, so none waits out the process's exit (or a hung one).
+        """
+        if not self.resources.closed:
+            closed = EngineClientClosedError("The engine client was shut down while this call was waiting.")
+            _fail_pending(self.resources, self.utility_results, closed)
+            self._make_output_sink()(closed)
         self._finalizer()
 
     @property
