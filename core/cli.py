@@ -1,11 +1,20 @@
-"""The ``vllite`` command: ``--version`` and the subcommands plugins contribute through the commands hook."""
+"""The ``vllite`` command: ``--version`` and the subcommands plugins contribute through the commands hook.
+
+A failure prints one line, ``vllite: error: <cause>``, and nothing else of note: the engine process's log records
+lose their tracebacks too (``VLLITE_LOG_TRACEBACKS=0``), since its start-up failure or fatal error reaches this
+process as a value naming the cause. ``--debug`` (before or after the command) prints every traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
+import traceback
 from collections.abc import Sequence
 
+from vllite.logging_utils import TRACEBACKS_ENV, OneLineExceptionFilter, tracebacks_enabled
 from vllite.version import __version__
 
 
@@ -14,6 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="vllite", description="A small, plugin-centric LLM inference engine.")
     parser.add_argument("--version", action="version", version=f"vllite {__version__}")
+    parser.add_argument(
+        "--debug", action="store_true", help="On failure, print the tracebacks (also the engine process's)."
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, command in sorted(get_registry("commands").items()):
         sub = subparsers.add_parser(
@@ -25,11 +37,41 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``vllite`` console script; returns the process exit code."""
+    """Entry point of the ``vllite`` console script; returns the process exit code (1 on a failure, 2 on bad input,
+    130 on Ctrl-C)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv == ["--version"]:  # answer without loading any plugin
         print(f"vllite {__version__}")
         return 0
+    debug = _pop_debug_flag(argv)
+    previous = os.environ.get(TRACEBACKS_ENV)
+    if debug or previous is None:
+        os.environ[TRACEBACKS_ENV] = "1" if debug else "0"  # inherited by the engine process
+    # This process logs through logging's last-resort handler unless the caller configured logging.
+    quiet = OneLineExceptionFilter()
+    last_resort = logging.lastResort if not tracebacks_enabled() else None
+    if last_resort is not None:
+        last_resort.addFilter(quiet)
+    try:
+        return _run(argv, debug)
+    finally:
+        if last_resort is not None:
+            last_resort.removeFilter(quiet)
+        if previous is None:
+            os.environ.pop(TRACEBACKS_ENV, None)
+        else:
+            os.environ[TRACEBACKS_ENV] = previous
+
+
+def _pop_debug_flag(argv: list[str]) -> bool:
+    """Removes every ``--debug`` before a ``--`` (so it works after the command name too); True if there was one."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    found = "--debug" in argv[:end]
+    argv[:end] = [arg for arg in argv[:end] if arg != "--debug"]
+    return found
+
+
+def _run(argv: list[str], debug: bool) -> int:
     from vllite.exceptions import VlliteError
 
     try:
@@ -39,14 +81,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help()
             return 0
         return int(args._run(args) or 0)
-    except VlliteError as exc:
-        print(f"vllite: error: {exc}", file=sys.stderr)
-        return 1
-    except ValueError as exc:
-        print(f"vllite: error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         return 130
+    except (VlliteError, ValueError) as exc:
+        _report(exc, debug)
+        return 1 if isinstance(exc, VlliteError) else 2
+    except Exception as exc:  # a bug or an unforeseen failure: still one line, the traceback with --debug
+        _report(exc, debug, unexpected=True)
+        return 1
+
+
+def _report(exc: BaseException, debug: bool, *, unexpected: bool = False) -> None:
+    if debug:
+        traceback.print_exc(file=sys.stderr)
+    message = f"{type(exc).__name__}: {exc}" if unexpected else str(exc)
+    hint = " (run with --debug for the traceback)" if unexpected and not debug else ""
+    print(f"vllite: error: {message}{hint}", file=sys.stderr)
 
 
 if __name__ == "__main__":

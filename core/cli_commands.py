@@ -140,6 +140,15 @@ def _chat_template(value: str | None) -> str | None:
         raise ValueError(f"Cannot read the chat template file {value!r}: {exc}") from exc
 
 
+def _report_failure(output: Any) -> int:
+    """Prints ``vllite: error: ...`` to stderr for each sample of ``output`` that failed; returns how many did."""
+    failed = [c for c in output.outputs if c.finish_reason == "error"]
+    for completion in failed:
+        message = completion.error or "unknown error"
+        print(f"vllite: error: request {output.request_id} failed: {message}", file=sys.stderr)
+    return len(failed)
+
+
 class GenerateCommand:
     """``vllite generate PROMPT...``: complete prompts with a local model (the demo model by default)."""
 
@@ -154,15 +163,17 @@ class GenerateCommand:
         if not prompts:
             raise ValueError("No prompt given: pass prompts as arguments or on standard input.")
         llm = _make_llm(args)
+        failed = 0
         try:
             outputs = llm.generate(prompts, _sampling_params(args, llm), use_tqdm=len(prompts) > 1)
             for output in outputs:
                 print(output.prompt + output.outputs[0].text)
+                failed += _report_failure(output)
                 if len(outputs) > 1:
                     print("-" * 40)
         finally:
             llm.shutdown()
-        return 0
+        return 1 if failed else 0
 
 
 class ChatCommand:
@@ -202,8 +213,9 @@ class ChatCommand:
                 if not text.strip():
                     break
                 messages.append({"role": "user", "content": text})
-                reply = llm.chat(messages, sampling_params, use_tqdm=False, chat_template=chat_template)
-                reply = reply[0].outputs[0].text
+                outputs = llm.chat(messages, sampling_params, use_tqdm=False, chat_template=chat_template)
+                _report_failure(outputs[0])
+                reply = outputs[0].outputs[0].text
                 print(reply)
                 messages.append({"role": "assistant", "content": reply})
         finally:

@@ -41,7 +41,9 @@ def _setup_child(sys_path: list[str], env: dict[str, str], log_level: int) -> No
             level=log_level, format="%(levelname)s %(asctime)s [EngineCore pid=%(process)d] %(message)s"
         )
     root.setLevel(log_level)
+    from vllite.logging_utils import hide_tracebacks_if_requested
 
+    hide_tracebacks_if_requested(root.handlers)  # the `vllite` CLI without --debug: the cause reaches it as a value
     try:
         import setproctitle  # type: ignore[import-not-found]
 
