@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from vllite.exceptions import PluginHookError
 from vllite.protocol import EngineCoreEventType
 from vllite.request import Request, RequestStatus
+from vllite.sched.faults import never_fits, never_fits_message
 
 if TYPE_CHECKING:
     from vllite.kv_cache import KVCacheBlocks
@@ -154,21 +155,3 @@ def admit(scheduler: Scheduler, request: Request, num_new: int, num_hit: int, st
     except Exception as exc:
         # Its blocks are allocated for this step: the step computes them, then the request is failed.
         scheduler.fail_after_step[request.request_id] = str(PluginHookError(scheduler, "on_request_admitted", exc))
-
-
-def never_fits(scheduler: Scheduler, num_tokens: int) -> bool:
-    """Whether ``num_tokens`` tokens of one request need more blocks than the whole cache has (block 0 is the null
-    block); never true with a sliding window, whose requests hold a bounded number of blocks."""
-    if scheduler.sliding_window is not None:
-        return False
-    num_blocks = -(-(num_tokens + scheduler.num_lookahead_tokens) // scheduler.block_size)
-    return num_blocks > scheduler.kv_cache_manager.num_blocks - 1
-
-
-def never_fits_message(scheduler: Scheduler, request: Request) -> str:
-    """The error of a request that cannot get KV blocks even with the whole cache to itself."""
-    return (
-        f"The KV cache ({scheduler.kv_cache_manager.num_blocks} blocks of {scheduler.block_size} "
-        f"tokens) cannot hold request {request.request_id!r} ({request.num_tokens} tokens) even with nothing else "
-        "running; raise the KV cache size or lower max_model_len."
-    )

@@ -9,7 +9,6 @@ outside the requests (``on_running_allocation_failed``); otherwise a victim is p
 
 from __future__ import annotations
 
-import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -20,6 +19,7 @@ from vllite.kv_cache import KVCacheManager, get_hash_fn, get_request_block_hashe
 from vllite.protocol import EngineCoreEventType, EngineCoreOutputs, SchedulerStats
 from vllite.request import Request, RequestStatus
 from vllite.sched.cached_data import make_cached_request_data
+from vllite.sched.faults import fail_request, release_finished, step_start
 from vllite.sched.interface import PauseState, SchedulerInterface
 from vllite.sched.output import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from vllite.sched.phases import admit_waiting, schedule_running
@@ -30,8 +30,6 @@ from vllite.sched.updates import update_from_output
 
 if TYPE_CHECKING:
     from vllite.config import EngineConfig
-
-logger = logging.getLogger(__name__)
 
 StepObserver = Callable[..., Any]
 _FROM_PLUGINS: Any = object()
@@ -121,9 +119,7 @@ class Scheduler(SchedulerInterface):
         self.prev_step_scheduled_req_ids: set[str] = set()
         # Preempted outside schedule() (reset_prefix_cache): reported in the next SchedulerOutput.
         self._preempted_between_steps: set[str] = set()
-        # Fault isolation: requests failed (ERROR) during schedule(), whose outputs the next update_from_output
-        # sends; and requests a hook failed for after they were scheduled, failed once their step's output is in.
-        self.failed_requests: list[Request] = []
+        self.failed_requests: list[Request] = []  # see vllite.sched.faults
         self.fail_after_step: dict[str, str] = {}
         self._pause_state = PauseState.UNPAUSED
         self.step_counter = 0
@@ -217,7 +213,7 @@ class Scheduler(SchedulerInterface):
             )
         try:
             self.on_request_arrival(request)
-        except Exception as exc:
+        except Exception as exc:  # not registered yet: the engine rejects it with this error
             raise PluginHookError(self, "on_request_arrival", exc) from exc
         self.requests[request.request_id] = request
         self.waiting.add_request(request)
@@ -264,35 +260,17 @@ class Scheduler(SchedulerInterface):
         self._preempted_between_steps.discard(request_id)
         self.fail_after_step.pop(request_id, None)
         del self.requests[request_id]
-        try:
-            self.on_request_finished(request)
-        except Exception as exc:
-            # The base behaviour (free the blocks) keeps the pool whole; the request ends with ERROR unless the
-            # client already gave up on it (aborted).
-            self.kv_cache_manager.free(request)
-            error = PluginHookError(self, "on_request_finished", exc)
-            logger.error("Request %r: %s", request_id, error)
-            if request.status != RequestStatus.FINISHED_ABORTED and request.error is None:
-                request.status = RequestStatus.FINISHED_ERROR
-                request.error = str(error)
+        release_finished(self, request)
 
     def fail_request(self, request: Request, error: str) -> None:
         """Finishes ``request`` (already out of the running list and the waiting queue) with ERROR and frees its
         blocks; its finish output, carrying ``error``, goes out with the next ``update_from_output``."""
-        logger.error("Request %r failed: %s", request.request_id, error)
-        request.status = RequestStatus.FINISHED_ERROR
-        request.error = error
-        self._free_request(request)
-        self.failed_requests.append(request)
+        fail_request(self, request, error)
 
     # ------------------------------------------------------------------ schedule
     def schedule(self) -> SchedulerOutput:
         """Builds this step's batch (see the module docstring) and advances ``num_computed_tokens``."""
-        try:
-            self.on_step_start()
-        except Exception as exc:
-            # Not pinned to any request: the step goes on with the base behaviour (no housekeeping).
-            logger.error("%s; the step goes on without it.", PluginHookError(self, "on_step_start", exc))
+        step_start(self)
         self.step_counter += 1
         self.kv_cache_manager.new_step_starts()
         budget = 0 if self._pause_state == PauseState.PAUSED_ALL else self.max_num_scheduled_tokens
