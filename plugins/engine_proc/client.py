@@ -30,7 +30,7 @@ import zmq
 
 from vllite.config import EngineConfig
 from vllite.engine.core_client import UTILITY_METHODS, EngineCoreClient
-from vllite.exceptions import EngineClientClosedError, EngineDeadError, EngineStartupError
+from vllite.exceptions import EngineClientClosedError, EngineClientUsageError, EngineDeadError, EngineStartupError
 from vllite.protocol import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType, EngineInfo
 from vllite.serial import MsgpackEncoder
 
@@ -45,12 +45,14 @@ from .utils import (
     HandshakeFailure,
     HandshakeStatus,
     ProcSettings,
+    curve_server_keys,
     engine_identity,
     make_socket,
 )
 
 logger = logging.getLogger(__name__)
 
+_RECONNECT_GRACE_S = 2.0
 _PASSED_ENV_PREFIXES = ("VLLITE_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "CUDA_", "TRITON_", "OMP_")
 
 
@@ -186,10 +188,17 @@ class MPClient(EngineCoreClient):
         res = self.resources
         res.ctx = zmq.Context(io_threads=2)
         res.endpoints = endpoints = EndpointFactory(self.settings.tcp_host)
-        handshake = make_socket(res.ctx, zmq.ROUTER, linger=0, unlimited_hwm=False)
-        res.input_socket = make_socket(res.ctx, zmq.ROUTER, linger=0)
+        # TCP: every socket here is a CURVE server with a key pair made for this engine; the child learns the public
+        # key from its process arguments only, so a peer without it can neither connect, inject nor read.
+        keys = curve_server_keys(self.settings.tcp_host)
+        secret = keys[1] if keys is not None else None
+        handshake = make_socket(res.ctx, zmq.ROUTER, linger=0, unlimited_hwm=False, curve_secret_key=secret)
+        res.input_socket = make_socket(res.ctx, zmq.ROUTER, linger=0, curve_secret_key=secret)
         res.input_socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        res.output_socket = make_socket(res.ctx, zmq.PULL, linger=0)
+        res.input_socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # an engine that reconnects takes its identity back
+        res.output_socket = make_socket(
+            res.ctx, zmq.PULL, linger=0, max_msg_size=self.settings.max_frame_bytes, curve_secret_key=secret
+        )
         try:
             handshake_address = endpoints.bind(handshake, "handshake")
             addresses = EngineZmqAddresses(
@@ -203,7 +212,11 @@ class MPClient(EngineCoreClient):
                 target=_engine_entry,
                 name="VLLiteEngineCore",
                 args=(config, handshake_address, child_conn, list(sys.path), env, _log_level()),
-                kwargs={"executor_class": executor_class, "log_stats": log_stats},
+                kwargs={
+                    "executor_class": executor_class,
+                    "log_stats": log_stats,
+                    "curve_server_key": keys[0] if keys is not None else None,
+                },
                 daemon=True,
             )
             res.proc.start()
@@ -296,16 +309,28 @@ class MPClient(EngineCoreClient):
     def _send_input(self, request_type: EngineCoreRequestType, request: Any) -> None:
         self.ensure_alive()
         frames = self.encoder.encode(request)
+        size = sum(memoryview(frame).nbytes for frame in frames)
+        if size > self.settings.max_frame_bytes:  # the engine would refuse it (and drop the connection)
+            raise EngineClientUsageError(
+                f"The {request_type.name} message is {size} bytes, over max_frame_bytes="
+                f"{self.settings.max_frame_bytes} (VLLITE_ENGINE_MAX_FRAME_BYTES)."
+            )
         with self.resources.send_lock:
             socket = self.resources.input_socket
             if socket is None:
                 raise EngineClientClosedError("The engine client has been shut down.")
-            try:
-                socket.send_multipart((self.core_engine, request_type.value, *frames), copy=False)
-            except zmq.ZMQError as exc:  # EHOSTUNREACH: the engine's socket is gone
-                if exc.errno == zmq.EHOSTUNREACH:
-                    raise EngineDeadError(f"The engine core is unreachable: {exc}") from None
-                raise
+            deadline = time.monotonic() + _RECONNECT_GRACE_S
+            while True:
+                try:
+                    socket.send_multipart((self.core_engine, request_type.value, *frames), copy=False)
+                    return
+                except zmq.ZMQError as exc:  # EHOSTUNREACH: the engine's socket is gone
+                    if exc.errno != zmq.EHOSTUNREACH:
+                        raise
+                    # The engine drops its connection on an oversized frame (MAXMSGSIZE) and reconnects at once.
+                    if time.monotonic() > deadline or self.resources.engine_dead or not self.resources.proc.is_alive():
+                        raise EngineDeadError(f"The engine core is unreachable: {exc}") from None
+                time.sleep(0.005)
 
     def _new_utility_future(self, method: str) -> tuple[int, Future]:
         if method not in UTILITY_METHODS:

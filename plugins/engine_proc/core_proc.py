@@ -15,6 +15,7 @@ fatal error sends ``ENGINE_CORE_DEAD`` and its cause (``EngineErrorCause``) to e
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -28,7 +29,7 @@ import zmq
 from vllite.config import EngineConfig
 from vllite.engine.core import EngineCore
 from vllite.engine.core_client import UTILITY_METHODS
-from vllite.exceptions import EngineStartupError, ExecutorFailedError
+from vllite.exceptions import EngineStartupError, ExecutorFailedError, UtilityCallError
 from vllite.protocol import (
     EngineCoreOutputs,
     EngineCoreRequestType,
@@ -63,8 +64,10 @@ class EngineCoreProc:
         executor_class: type | None = None,
         log_stats: bool | None = None,
         engine_index: int = 0,
+        curve_server_key: bytes | None = None,
     ) -> None:
         self.settings = ProcSettings.from_config(config)
+        self.settings.curve_server_key = curve_server_key
         self.engine_index = engine_index
         self.shutdown_state = EngineShutdownState.RUNNING
         self.engines_running = False  # data parallel: a wave in which this engine must keep stepping
@@ -84,7 +87,14 @@ class EngineCoreProc:
     @contextmanager
     def _perform_handshake(self, handshake_address: str, identity: bytes) -> Iterator[EngineZmqAddresses]:
         """HELLO → addresses; the body initialises the engine; READY is sent when the body completes."""
-        socket = make_socket(self._zmq_ctx, zmq.DEALER, identity=identity, linger=5000, unlimited_hwm=False)
+        socket = make_socket(
+            self._zmq_ctx,
+            zmq.DEALER,
+            identity=identity,
+            linger=5000,
+            unlimited_hwm=False,
+            curve_server_key=self.settings.curve_server_key,
+        )
         try:
             socket.connect(handshake_address)
             addresses = self.startup_handshake(socket, self.settings.handshake_timeout_s)
@@ -204,7 +214,9 @@ class EngineCoreProc:
         def get_result() -> Any:
             if method_name not in UTILITY_METHODS:
                 raise PermissionError(f"{method_name!r} is not an allowed engine utility")
-            return getattr(self.engine, method_name)(*args)
+            method = getattr(self.engine, method_name)
+            check_utility_arguments(method_name, method, args)
+            return method(*args)
 
         _invoke_utility_method(method_name, get_result, output, enqueue_output)
 
@@ -218,6 +230,18 @@ class EngineCoreProc:
 
     def shutdown(self) -> None:
         self.engine.shutdown()
+
+
+def check_utility_arguments(name: str, method: Callable[..., Any], args: list[Any]) -> None:
+    """Refuses arguments that do not fit the method's signature before it runs (``UtilityCallError``)."""
+    try:
+        signature = inspect.signature(method)
+    except (TypeError, ValueError):
+        return  # no introspectable signature: the call itself reports a mismatch
+    try:
+        signature.bind(*args)
+    except TypeError as exc:
+        raise UtilityCallError(f"invalid arguments for {name}{signature}: {exc}") from None
 
 
 def _invoke_utility_method(

@@ -115,6 +115,7 @@ def run_engine_core(
     engine_index: int = 0,
     executor_class: type | None = None,
     log_stats: bool | None = None,
+    curve_server_key: bytes | None = None,
 ) -> None:
     """Child-process entry: builds ``EngineCoreProc`` (which performs the handshake) and runs its busy loop."""
     _setup_child(sys_path or [], env or {}, log_level)
@@ -126,7 +127,12 @@ def run_engine_core(
     exit_code = 0
     try:
         engine_core = EngineCoreProc(
-            config, handshake_address, executor_class=executor_class, log_stats=log_stats, engine_index=engine_index
+            config,
+            handshake_address,
+            executor_class=executor_class,
+            log_stats=log_stats,
+            engine_index=engine_index,
+            curve_server_key=curve_server_key,
         )
         watcher.engine = engine_core
         engine_core.run_busy_loop()
@@ -138,7 +144,7 @@ def run_engine_core(
         exit_code = 1
         if engine_core is None:
             logger.exception("EngineCore failed to start.")
-            report_startup_failure(handshake_address, exc)
+            report_startup_failure(handshake_address, exc, curve_server_key=curve_server_key)
         else:
             logger.exception("EngineCore encountered a fatal error.")
             engine_core.send_engine_dead(exc)
@@ -162,18 +168,21 @@ def run_engine_core(
     os._exit(exit_code)
 
 
-def report_startup_failure(handshake_address: str, exc: BaseException, timeout_s: float = 2.0) -> None:
+def report_startup_failure(
+    handshake_address: str, exc: BaseException, timeout_s: float = 2.0, curve_server_key: bytes | None = None
+) -> None:
     """Sends FAILED with the exception's type and message to the frontend's handshake socket (best effort), so
     the client raises ``EngineStartupError`` naming the real cause."""
     import msgspec
     import zmq
 
-    from .utils import EngineErrorCause, HandshakeFailure
+    from .utils import EngineErrorCause, HandshakeFailure, make_socket
 
     ctx = zmq.Context()
     try:
-        socket = ctx.socket(zmq.DEALER)
-        socket.setsockopt(zmq.LINGER, int(timeout_s * 1000))
+        socket = make_socket(
+            ctx, zmq.DEALER, linger=int(timeout_s * 1000), unlimited_hwm=False, curve_server_key=curve_server_key
+        )
         socket.connect(handshake_address)
         status = HandshakeFailure(EngineErrorCause.from_exception(exc))
         socket.send(msgspec.msgpack.encode(status), zmq.NOBLOCK)

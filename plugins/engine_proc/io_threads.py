@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from vllite.exceptions import EngineStartupError
 from vllite.protocol import (
@@ -149,14 +150,46 @@ class EngineIOThreads:
             EngineCoreRequestType.UTILITY: MsgpackDecoder(UtilityCall),
         }
         poller = zmq.Poller()
-        for address in input_addresses:
-            socket = make_socket(self._zmq_ctx, zmq.DEALER, identity=identity, linger=0)
+        monitors: dict[zmq.Socket, tuple[zmq.Socket, str]] = {}
+
+        def connect(address: str, announce: bytes | None) -> None:
+            socket = make_socket(
+                self._zmq_ctx,
+                zmq.DEALER,
+                identity=identity,
+                linger=0,
+                max_msg_size=self.settings.max_frame_bytes,
+                curve_server_key=self.settings.curve_server_key,
+            )
+            monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
             socket.connect(address)
-            socket.send(ready)  # a DEALER must speak first before the client's ROUTER can route to it
+            if announce is not None:
+                socket.send(announce)  # a DEALER must speak first before the client's ROUTER can route to it
             poller.register(socket, zmq.POLLIN)
+            poller.register(monitor, zmq.POLLIN)
+            monitors[monitor] = (socket, address)
+
+        for address in input_addresses:
+            connect(address, ready)
         ready_event.set()
         while True:
             for socket, _ in poller.poll():
+                if socket in monitors:
+                    if recv_monitor_message(socket)["event"] == zmq.EVENT_DISCONNECTED:
+                        # A frame over MAXMSGSIZE is a protocol error: libzmq drops the connection for good without
+                        # buffering the frame. Reconnect on a fresh socket (the client's ROUTER hands the identity
+                        # over); the announcement is not repeated.
+                        data_socket, address = monitors.pop(socket)
+                        self.dropped_frames(
+                            "connection from %s dropped (a frame over MAXMSGSIZE?); reconnecting", address
+                        )
+                        for closing in (socket, data_socket):
+                            poller.unregister(closing)
+                        data_socket.disable_monitor()
+                        socket.close(linger=0)
+                        data_socket.close(linger=0)
+                        connect(address, None)
+                    continue
                 self._handle_input_frames(socket.recv_multipart(copy=False), decoders)
 
     def _handle_input_frames(self, frames: list[Any], decoders: dict[EngineCoreRequestType, MsgpackDecoder]) -> None:
@@ -212,7 +245,7 @@ class EngineIOThreads:
         encoder = MsgpackEncoder()
         sockets = []
         for address in output_addresses:
-            socket = make_socket(ctx, zmq.PUSH, linger=4000)
+            socket = make_socket(ctx, zmq.PUSH, linger=4000, curve_server_key=self.settings.curve_server_key)
             socket.connect(address)
             sockets.append(socket)
         reuse_buffers: list[bytearray] = []

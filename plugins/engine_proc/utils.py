@@ -7,6 +7,7 @@ binds to a free port on that host.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -17,6 +18,8 @@ import msgspec
 import zmq
 
 from vllite.config import EngineConfig
+
+logger = logging.getLogger(__name__)
 
 PLUGIN_KEY = "engine_proc"
 ENGINE_CORE_DEAD = b"ENGINE_CORE_DEAD"
@@ -92,6 +95,8 @@ class ProcSettings:
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     tcp_host: str | None = None
     heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S
+    #: The frontend's CURVE public key (TCP only); set in the engine process from its process arguments.
+    curve_server_key: bytes | None = None
 
     @property
     def heartbeat_interval_s(self) -> float:
@@ -134,6 +139,21 @@ class ProcSettings:
         return settings
 
 
+def curve_server_keys(tcp_host: str | None) -> tuple[bytes, bytes] | None:
+    """A fresh CURVE key pair (public, secret) for TCP endpoints; None for IPC (a 0700 directory protects those)
+    or, with a warning, when libzmq was built without CURVE."""
+    if not tcp_host:
+        return None
+    if not zmq.has("curve"):
+        logger.warning(
+            "libzmq lacks CURVE support: the engine's TCP sockets on %s are NOT authenticated; any local process can "
+            "connect to them. Use IPC (no tcp_host) or a libzmq built with libsodium.",
+            tcp_host,
+        )
+        return None
+    return zmq.curve_keypair()
+
+
 class EndpointFactory:
     """Hands out bind addresses: IPC paths in a private 0700 directory, or free TCP ports on a given host."""
 
@@ -168,9 +188,27 @@ def make_socket(
     identity: bytes | None = None,
     linger: int | None = None,
     unlimited_hwm: bool = True,
+    max_msg_size: int | None = None,
+    curve_server_key: bytes | None = None,
+    curve_secret_key: bytes | None = None,
 ) -> zmq.Socket:
-    """A socket with vllite's defaults: no high-water mark on data sockets (nothing is dropped or blocks)."""
+    """A socket with vllite's defaults: no high-water mark on data sockets (nothing is dropped or blocks).
+
+    ``max_msg_size`` (ZMQ's MAXMSGSIZE) refuses a larger frame from its header, before buffering it (the peer is
+    disconnected; it reconnects). With CURVE, the binding side is the server (``curve_secret_key``: its secret
+    key) and the connecting side the client (``curve_server_key``: the server's public key; a fresh key pair).
+    """
     socket = ctx.socket(socket_type)
+    if max_msg_size is not None:
+        socket.setsockopt(zmq.MAXMSGSIZE, max_msg_size)
+    if curve_secret_key is not None:
+        socket.setsockopt(zmq.CURVE_SERVER, 1)
+        socket.setsockopt(zmq.CURVE_SECRETKEY, curve_secret_key)
+    elif curve_server_key is not None:
+        public, secret = zmq.curve_keypair()
+        socket.setsockopt(zmq.CURVE_SERVERKEY, curve_server_key)
+        socket.setsockopt(zmq.CURVE_PUBLICKEY, public)
+        socket.setsockopt(zmq.CURVE_SECRETKEY, secret)
     if unlimited_hwm:
         socket.setsockopt(zmq.SNDHWM, 0)
         socket.setsockopt(zmq.RCVHWM, 0)
