@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import select
+import shutil
 import signal
 import sys
 import threading
@@ -44,6 +45,13 @@ def _setup_child(sys_path: list[str], env: dict[str, str], log_level: int) -> No
     from vllite.logging_utils import hide_tracebacks_if_requested
 
     hide_tracebacks_if_requested(root.handlers)  # the `vllite` CLI without --debug: the cause reaches it as a value
+    try:  # tqdm's default lock is a named multiprocessing semaphore registered with the parent's resource
+        # tracker: a SIGKILLed engine would leave it in /dev/shm until the parent exits. One process needs none.
+        import tqdm
+
+        tqdm.tqdm.set_lock(threading.RLock())
+    except ImportError:
+        pass
     try:
         import setproctitle  # type: ignore[import-not-found]
 
@@ -58,6 +66,7 @@ class _Watcher:
     def __init__(self, parent_conn: Any) -> None:
         self.engine: Any = None
         self._parent_conn = parent_conn
+        self.parent_gone = False
         self._read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._write_fd, False)
         self._thread = threading.Thread(target=self._run, name="EngineCoreWatcher", daemon=True)
@@ -98,6 +107,7 @@ class _Watcher:
                 except (EOFError, OSError):
                     pass
                 logger.warning("The frontend process is gone; shutting down the engine core")
+                self.parent_gone = True
                 fds.remove(self._parent_conn.fileno())
                 if self.engine is not None:
                     self.engine.request_shutdown(drain_timeout_s=0)
@@ -155,6 +165,12 @@ def run_engine_core(
                 engine_core.shutdown()
             except Exception:
                 logger.exception("EngineCore shutdown failed")
+    if watcher.parent_gone:  # nobody else will remove the frontend's private IPC directory
+        from .utils import ipc_dir_of
+
+        directory = ipc_dir_of(handshake_address)
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
     # Skip interpreter teardown (seconds with torch loaded): everything that matters is flushed or closed. The
     # multiprocessing finalizers still run: they unlink named semaphores created here (tqdm's lock, made while
     # loading weights, registers with the parent's resource tracker, which otherwise reports it as leaked).

@@ -159,7 +159,10 @@ class EndpointFactory:
 
     def __init__(self, tcp_host: str | None = None) -> None:
         self.tcp_host = tcp_host
-        self.ipc_dir: str | None = None if tcp_host else tempfile.mkdtemp(prefix="vllite-")
+        if not tcp_host:
+            sweep_stale_ipc_dirs()
+        # The owner's pid is in the name, so a later start can sweep the directory if its owner died by SIGKILL.
+        self.ipc_dir: str | None = None if tcp_host else tempfile.mkdtemp(prefix=f"{IPC_DIR_PREFIX}{os.getpid()}-")
         if self.ipc_dir is not None:
             os.chmod(self.ipc_dir, 0o700)
 
@@ -179,6 +182,36 @@ class EndpointFactory:
         if self.ipc_dir is not None:
             shutil.rmtree(self.ipc_dir, ignore_errors=True)
             self.ipc_dir = None
+
+
+def ipc_dir_of(address: str) -> str | None:
+    """The private directory of an ``ipc://`` address made by ``EndpointFactory``; None otherwise."""
+    if not address.startswith("ipc://"):
+        return None
+    directory = os.path.dirname(address[len("ipc://") :])
+    return directory if os.path.basename(directory).startswith(IPC_DIR_PREFIX) else None
+
+
+def sweep_stale_ipc_dirs(root: str | None = None) -> None:
+    """Removes ``vllite-<pid>-*`` directories (ours by uid) whose owning process no longer exists."""
+    root = root or tempfile.gettempdir()
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    for name in names:
+        parts = name.split("-")
+        if len(parts) < 3 or parts[0] + "-" != IPC_DIR_PREFIX or not parts[1].isdigit():
+            continue
+        path = os.path.join(root, name)
+        try:
+            if os.stat(path).st_uid != os.getuid():
+                continue
+            os.kill(int(parts[1]), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            continue
 
 
 def make_socket(
