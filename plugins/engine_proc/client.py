@@ -35,6 +35,7 @@ from vllite.protocol import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequ
 from vllite.serial import MsgpackEncoder
 
 from .client_io import _fail_pending, process_outputs_socket
+from .spawning import main_module_hidden_from_spawn
 from .utils import (
     ENGINE_CORE_DEAD,
     ENGINE_CORE_HEARTBEAT,
@@ -208,18 +209,18 @@ class MPClient(EngineCoreClient):
             mp = multiprocessing.get_context("spawn")
             child_conn, res.parent_conn = mp.Pipe(duplex=False)
             env = {k: v for k, v in os.environ.items() if k.startswith(_PASSED_ENV_PREFIXES)}
+            entry_args = (config, handshake_address, child_conn, list(sys.path), env, _log_level())
+            entry_kwargs = {
+                "executor_class": executor_class,
+                "log_stats": log_stats,
+                "curve_server_key": keys[0] if keys is not None else None,
+            }
             res.proc = mp.Process(
-                target=_engine_entry,
-                name="VLLiteEngineCore",
-                args=(config, handshake_address, child_conn, list(sys.path), env, _log_level()),
-                kwargs={
-                    "executor_class": executor_class,
-                    "log_stats": log_stats,
-                    "curve_server_key": keys[0] if keys is not None else None,
-                },
-                daemon=True,
+                target=_engine_entry, name="VLLiteEngineCore", args=entry_args, kwargs=entry_kwargs, daemon=True
             )
-            res.proc.start()
+            # The engine process must not re-run the user's script (no __main__ guard needed), see spawning.py.
+            with main_module_hidden_from_spawn((config, executor_class)):
+                res.proc.start()
             child_conn.close()
             self.engine_info = self._wait_for_engine_startup(handshake, addresses)
         finally:
@@ -276,8 +277,8 @@ class MPClient(EngineCoreClient):
                     )
                 raise EngineStartupError(
                     f"Engine core initialization failed (exit code {proc.exitcode}); see the root cause above. "
-                    'If your script calls LLM() at module level, guard it with `if __name__ == "__main__":` '
-                    "(the engine process is started with the 'spawn' method)."
+                    "If the engine was given a class defined in your script itself, the engine process imports "
+                    'the script: guard its top-level code with `if __name__ == "__main__":`.'
                 )
         return ready
 
