@@ -13,6 +13,8 @@ and a KV cache too small for one sequence.
 from __future__ import annotations
 
 import asyncio
+import os
+import random
 import time
 
 import pytest
@@ -51,26 +53,29 @@ class RaisingScheduler(Scheduler):
         return super().on_request_finished(request)
 
     def on_step_start(self) -> None:
-        if any(_fault(r) == "on_step_start" for r in self.requests.values()) and self.step_counter % 2:
+        if any(_fault(r) == "on_step_start" for r in self.requests.values()) and FAULT_RNG.random() < 0.5:
             raise RuntimeError("step hook failed")
 
 
 class RaisingLogitsProcessor(AdapterLogitsProcessor):
-    """Per-request: raises on the third token of a request whose ``extra_args["fault"]`` is ``"apply"``."""
+    """Per-request: raises at output token ``extra_args["fault_at"]`` (default 2) of a request whose
+    ``extra_args["fault"]`` is ``"apply"``."""
 
     def is_argmax_invariant(self) -> bool:
         return False
 
     def new_req_logits_processor(self, params: SamplingParams):
-        if (params.extra_args or {}).get("fault") != "apply":
+        extra = params.extra_args or {}
+        if extra.get("fault") != "apply":
             return None
+        fault_at = int(extra.get("fault_at", 2))
 
-        def raise_on_third(output_ids, logits_row):
-            if len(output_ids) >= 2:
+        def raise_at_fault_token(output_ids, logits_row):
+            if len(output_ids) >= fault_at:
                 raise ZeroDivisionError("logits processor failed")
             return logits_row
 
-        return raise_on_third
+        return raise_at_fault_token
 
 
 FAULTS = {
@@ -82,8 +87,13 @@ FAULTS = {
 }
 
 
+# Where a fault strikes is drawn at random (seeded, so a failure reproduces): the output token at which the
+# logits processor raises, and the steps on which the step hook raises.
+FAULT_RNG = random.Random(int(os.environ.get("VLLITE_FAULT_SEED", "13")))
+
+
 def _params(fault: str | None = None) -> SamplingParams:
-    extra = {"fault": fault} if fault else None
+    extra = {"fault": fault, "fault_at": FAULT_RNG.randrange(MAX_TOKENS - 1)} if fault else None
     return SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, detokenize=False, extra_args=extra)
 
 
