@@ -61,12 +61,14 @@ class Collector:
         self.client = client
         self.tokens: dict[str, list[int]] = {}
         self.finish: dict[str, FinishReason] = {}
+        self.errors: dict[str, str | None] = {}
 
     def pump(self) -> None:
         for out in self.client.get_output().outputs:
             self.tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
             if out.finish_reason is not None:
                 self.finish[out.request_id] = out.finish_reason
+                self.errors[out.request_id] = out.error
 
     def until(self, predicate: Any, timeout: float = 20.0) -> None:
         deadline = time.monotonic() + timeout
@@ -146,6 +148,16 @@ def test_request_rejected_by_the_engine_finishes_with_error(client, col):
     assert col.finish["too-long"] == FinishReason.ERROR
     assert str(col.finish["too-long"]) == "error"
     assert col.tokens["fine"] == expected_tokens(4, 2)
+
+
+def test_request_the_engine_cannot_prepare_finishes_with_an_error_that_says_why(client, col):
+    unprepared = msgspec.structs.replace(request("no-params"), sampling_params=None)
+    client.add_request(unprepared)
+    client.add_request(request("fine-2", max_tokens=2))
+    col.until_finished("no-params", "fine-2")
+    assert col.finish["no-params"] == FinishReason.ERROR
+    assert "could not prepare the request" in (col.errors["no-params"] or "")
+    assert col.tokens["fine-2"] == expected_tokens(4, 2)
 
 
 def test_sleep_and_wake_up_round_trip(client, col):

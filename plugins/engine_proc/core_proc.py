@@ -195,9 +195,10 @@ class EngineCoreProc:
             self.engine.add_request(request)
         except Exception as exc:
             live = request.request_id in getattr(self.engine.scheduler, "requests", {})
-            logger.error("Rejected request %r: %s: %s", request.request_id, type(exc).__name__, exc)
+            cause = f"the engine rejected the request: {type(exc).__name__}: {exc}"
+            logger.error("Rejected request %r: %s", request.request_id, cause)
             if not live:
-                self.io.send_finish_outputs([request.request_id], request.client_index, FinishReason.ERROR)
+                self.io.send_finish_outputs([request.request_id], request.client_index, FinishReason.ERROR, cause)
 
     def _call_utility(self, client_index: int, call_id: int, method_name: str, args: list[Any]) -> None:
         output = UtilityOutput(call_id)

@@ -118,8 +118,11 @@ class EngineIOThreads:
         for item in outputs.items():
             self.output_queue.put_nowait(item)
 
-    def send_finish_outputs(self, req_ids: list[str], client_index: int, reason: FinishReason) -> None:
-        outputs = [EngineCoreOutput(req_id, [], finish_reason=reason) for req_id in req_ids]
+    def send_finish_outputs(
+        self, req_ids: list[str], client_index: int, reason: FinishReason, error: str | None = None
+    ) -> None:
+        """Finishes requests the engine never ran (rejected, or arriving during shutdown); ``error`` says why."""
+        outputs = [EngineCoreOutput(req_id, [], finish_reason=reason, error=error) for req_id in req_ids]
         self.output_queue.put_nowait((client_index, EngineCoreOutputs(outputs=outputs, finished_requests=set(req_ids))))
 
     def send_engine_dead(self, cause: BaseException | None = None) -> None:
@@ -234,8 +237,9 @@ class EngineIOThreads:
         try:
             preprocessed = self.preprocess(request)
         except Exception as exc:
-            logger.error("Preprocessing request %r failed: %s: %s", request.request_id, type(exc).__name__, exc)
-            self.send_finish_outputs([request.request_id], request.client_index, FinishReason.ERROR)
+            cause = f"the engine could not prepare the request: {type(exc).__name__}: {exc}"
+            logger.error("Preprocessing request %r failed: %s", request.request_id, cause)
+            self.send_finish_outputs([request.request_id], request.client_index, FinishReason.ERROR, cause)
             return
         self.input_queue.put_nowait((EngineCoreRequestType.ADD, preprocessed))
 
