@@ -90,25 +90,10 @@ def paged_attention(
     the vectorised torch reference otherwise.
     """
     if use_triton(query):
-        from vllite.kernels.triton_attention import paged_attention_triton
-
-        return paged_attention_triton(
-            query,
-            key_cache,
-            value_cache,
-            block_tables,
-            seq_lens,
-            query_start_loc,
-            max_query_len=max_query_len,
-            max_seq_len=max_seq_len,
-            scale=scale,
-            sliding_window=sliding_window,
-            softcap=softcap,
-            out=out,
-        )
-    from vllite.kernels.reference import paged_attention_ref
-
-    return paged_attention_ref(
+        from vllite.kernels.triton_attention import paged_attention_triton as attention
+    else:
+        from vllite.kernels.reference import paged_attention_ref as attention
+    return attention(
         query,
         key_cache,
         value_cache,

@@ -141,8 +141,19 @@ class RequestState:
         delta = self.output_kind == RequestOutputKind.DELTA
         processor = self.logprobs_processor
         prompt_logprobs = processor.pop_prompt_logprobs() if delta else processor.prompt_logprobs
+        return self.request_output(external_req_id, outputs, finished, prompt_logprobs, kv_transfer_params)
+
+    def request_output(
+        self,
+        request_id: str,
+        outputs: list[CompletionOutput],
+        finished: bool,
+        prompt_logprobs: Any = None,
+        kv_transfer_params: dict[str, Any] | None = None,
+    ) -> RequestOutput:
+        """A ``RequestOutput`` of this request's prompt and state with the given completions."""
         return RequestOutput(
-            request_id=external_req_id,
+            request_id=request_id,
             prompt=self.prompt,
             prompt_token_ids=self.prompt_token_ids,
             prompt_logprobs=prompt_logprobs,
@@ -306,18 +317,8 @@ class OutputProcessor:
         if state.queue is not None:
             state.queue.put(error)
             return
-        result.request_outputs.append(
-            RequestOutput(
-                request_id=parent.external_req_id if parent is not None else state.external_req_id,
-                prompt=state.prompt,
-                prompt_token_ids=state.prompt_token_ids,
-                prompt_logprobs=None,
-                outputs=completions,
-                finished=True,
-                num_cached_tokens=state.num_cached_tokens,
-                metrics=state.stats,
-            )
-        )
+        request_id = parent.external_req_id if parent is not None else state.external_req_id
+        result.request_outputs.append(state.request_output(request_id, completions, finished=True))
 
     def abort_requests(self, request_ids: Iterable[str], internal: bool = False) -> list[str]:
         """Drops the requests' state; returns the internal ids to abort in the engine.
