@@ -40,6 +40,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "vllite.plugins.transformers_executor.plugin",
     "vllite.engine.builtin_plugin",
     "vllite.plugins.engine_proc.plugin",
+    "vllite.plugins.openai_server.plugin",
     "vllite.cli_commands",
 )
 

@@ -1,0 +1,30 @@
+"""Registers ``vllite serve``. Only this module loads at start-up; FastAPI, uvicorn and the engine are imported
+when the command runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllite.hookspecs import Register, hookimpl
+
+
+class _LazyServeCommand:
+    """The ``serve`` registry entry: the real command lives in ``vllite.plugins.openai_server.cli``."""
+
+    help = "Serve a model over an OpenAI-compatible HTTP API (FastAPI + uvicorn)."
+
+    def add_arguments(self, parser: Any) -> None:
+        from vllite.plugins.openai_server.cli import add_serve_arguments
+
+        add_serve_arguments(parser)
+
+    def run(self, args: Any) -> int:
+        from vllite.plugins.openai_server.cli import run_server
+
+        return run_server(args)
+
+
+@hookimpl
+def vllite_register_commands(register: Register) -> None:
+    """Registers ``serve``."""
+    register("serve", _LazyServeCommand())
