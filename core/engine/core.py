@@ -282,8 +282,8 @@ class EngineCore:
         return self.scheduler.get_num_unfinished_requests()
 
     def get_kv_cache_usage(self) -> float:
-        stats = self.scheduler.make_stats()
-        return stats.kv_cache_usage if stats is not None else self.scheduler.get_kv_cache_usage()
+        # Not through make_stats(): that hands out (and resets) the per-step prefix-cache and preemption deltas.
+        return self.scheduler.get_kv_cache_usage()
 
     def get_engine_info(self) -> dict[str, Any]:
         return msgspec.structs.asdict(self.info)
