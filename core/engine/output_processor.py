@@ -19,16 +19,10 @@ from typing import Any, Protocol
 from vllite.engine.detokenizer import IncrementalDetokenizer
 from vllite.engine.logprobs import LogprobsProcessor
 from vllite.engine.parallel_sampling import ParentRequest
+from vllite.engine.stats import IterationStats, RequestStateStats
 from vllite.exceptions import RequestProcessingError
 from vllite.outputs import CompletionOutput, RequestOutput
-from vllite.protocol import (
-    EngineCoreEvent,
-    EngineCoreEventType,
-    EngineCoreOutput,
-    EngineCoreRequest,
-    FinishReason,
-    SchedulerStats,
-)
+from vllite.protocol import EngineCoreOutput, EngineCoreRequest, FinishReason
 from vllite.sampling_params import RequestOutputKind
 
 logger = logging.getLogger(__name__)
@@ -38,40 +32,6 @@ class OutputQueue(Protocol):
     """Where a request's outputs go in async use: anything with ``put``."""
 
     def put(self, output: RequestOutput | Exception) -> None: ...
-
-
-@dataclass
-class RequestStateStats:
-    """Per-request timing figures, kept when stats are on (``disable_log_stats=False``): ``RequestOutput.metrics``.
-
-    ``arrival_time`` is wall-clock time; the others are ``time.monotonic()`` readings: when the engine queued
-    and first scheduled the request (its events), and when the frontend got the first and the latest token.
-    """
-
-    arrival_time: float
-    queued_ts: float | None = None
-    scheduled_ts: float | None = None
-    first_token_time: float | None = None
-    last_token_time: float | None = None
-    num_generation_tokens: int = 0
-    num_cached_tokens: int = 0
-    num_preemptions: int = 0
-
-    @property
-    def time_in_queue(self) -> float | None:
-        """Seconds between being queued in the engine and first being scheduled."""
-        if self.queued_ts is None or self.scheduled_ts is None:
-            return None
-        return self.scheduled_ts - self.queued_ts
-
-    def record_events(self, events: list[EngineCoreEvent]) -> None:
-        for event in events:
-            if event.type == EngineCoreEventType.QUEUED:
-                self.queued_ts = event.timestamp
-            elif event.type == EngineCoreEventType.SCHEDULED and self.scheduled_ts is None:
-                self.scheduled_ts = event.timestamp
-            elif event.type == EngineCoreEventType.PREEMPTED:
-                self.num_preemptions += 1
 
 
 @dataclass
@@ -211,7 +171,6 @@ class OutputProcessor:
         self.request_states: dict[str, RequestState] = {}
         self.parent_requests: dict[str, ParentRequest] = {}
         self.external_req_ids: defaultdict[str, list[str]] = defaultdict(list)
-        self.last_scheduler_stats: SchedulerStats | None = None
 
     def get_num_unfinished_requests(self) -> int:
         """Unfinished (child) requests: a prompt with ``n=4`` counts 4."""
@@ -248,12 +207,14 @@ class OutputProcessor:
         self,
         outputs: Iterable[EngineCoreOutput],
         engine_core_timestamp: float | None = None,
-        iteration_stats: Any = None,
+        iteration_stats: IterationStats | None = None,
     ) -> OutputProcessorOutput:
         """The one loop over a step's outputs: detokenize, check stop strings, build ``RequestOutput``s.
 
         Outputs of unknown (already finished or aborted) requests are ignored. ``request_outputs`` keep the
-        order of ``outputs``; queued requests get theirs in their queue instead.
+        order of ``outputs``; queued requests get theirs in their queue instead. ``engine_core_timestamp`` is the
+        engine's ``time.monotonic()`` reading for the batch (default: now). With stats on, the per-request
+        ``RequestStateStats`` are updated and, when given, ``iteration_stats`` gets the batch's figures.
         """
         result = OutputProcessorOutput()
         now = engine_core_timestamp if engine_core_timestamp is not None else time.monotonic()
@@ -262,23 +223,30 @@ class OutputProcessor:
             if state is None:
                 continue
             try:
-                self._process_output(state, output, now, result)
+                self._process_output(state, output, now, result, iteration_stats)
             except Exception as exc:  # detokenizer, stop strings, logprobs: this request fails, no other
                 self._fail_request(state, exc, result)
         return result
 
     def _process_output(
-        self, state: RequestState, output: EngineCoreOutput, now: float, result: OutputProcessorOutput
+        self,
+        state: RequestState,
+        output: EngineCoreOutput,
+        now: float,
+        result: OutputProcessorOutput,
+        iteration_stats: IterationStats | None,
     ) -> None:
         new_token_ids = output.new_token_ids
         finish_reason, stop_reason = output.finish_reason, output.stop_reason
         state.num_cached_tokens = output.num_cached_tokens
         state.error = output.error
         state.is_prefilling = False
-        if state.stats is not None:
-            if output.events:
-                state.stats.record_events(output.events)
-            _update_stats(state.stats, len(new_token_ids), output.num_cached_tokens, now)
+        stats = state.stats
+        if stats is not None:
+            preempted = stats.record_events(output.events) if output.events else 0
+            if iteration_stats is not None:
+                iteration_stats.num_preempted_reqs += preempted
+            stats.record_tokens(len(new_token_ids), output.num_cached_tokens, now, state.prompt_len, iteration_stats)
         stop_string = state.detokenizer.update(new_token_ids, finish_reason == FinishReason.STOP)
         if stop_string is not None:
             finish_reason, stop_reason = FinishReason.STOP, stop_string
@@ -290,6 +258,8 @@ class OutputProcessor:
             else:
                 result.request_outputs.append(request_output)
         if finish_reason is not None:
+            if stats is not None and iteration_stats is not None:
+                iteration_stats.record_finished(str(finish_reason), state.prompt_len, stats)
             self._finish_request(state)
             if not output.finished:
                 result.reqs_to_abort.append(state.request_id)
@@ -358,10 +328,6 @@ class OutputProcessor:
             self._finish_request(state)
         return request_ids
 
-    def update_scheduler_stats(self, scheduler_stats: SchedulerStats | None) -> None:
-        if scheduler_stats is not None:
-            self.last_scheduler_stats = scheduler_stats
-
     # ------------------------------------------------------------------ helpers
     def _resolve(self, req_id: str, internal: bool) -> list[str]:
         if internal and req_id in self.request_states:
@@ -387,15 +353,6 @@ class OutputProcessor:
             parent.child_requests.discard(req_id)
             if not parent.child_requests:
                 self.parent_requests.pop(parent.request_id, None)
-
-
-def _update_stats(stats: RequestStateStats, num_new: int, num_cached: int, now: float) -> None:
-    if num_new:
-        if stats.first_token_time is None:
-            stats.first_token_time = now
-        stats.last_token_time = now
-        stats.num_generation_tokens += num_new
-    stats.num_cached_tokens = num_cached
 
 
 class RequestOutputCollector:

@@ -8,6 +8,11 @@ raises ``EngineDeadError``; after ``shutdown()`` every open iterator raises ``En
 output of one request cannot be processed (its detokenizer, stop strings or logprobs raise), that iterator alone
 raises ``RequestProcessingError`` and the request is aborted in the engine; the other streams go on.
 
+``stat_loggers`` (``vllite.engine.stats.StatLogger``s, or factories that build one from the ``EngineInfo``, e.g.
+the server's Prometheus logger) get each batch's ``SchedulerStats`` and ``IterationStats`` from the output handler;
+giving any turns stats on in the engine. A logger that raises is logged once and skipped for that batch; the
+streams go on.
+
     llm = AsyncLLM(model="path/to/model")
     async for out in llm.generate("Hello", SamplingParams(output_kind=RequestOutputKind.DELTA), "req-1"):
         print(out.outputs[0].text, end="")
@@ -18,13 +23,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from vllite.config import EngineArgs, EngineConfig
 from vllite.engine.input_processor import PromptType
+from vllite.engine.stats import IterationStats, StatLogger, StatLoggerFactory, build_stat_loggers
 from vllite.exceptions import EngineClientClosedError, EngineDeadError, RequestProcessingError
 from vllite.outputs import RequestOutput
+from vllite.protocol import EngineCoreOutputs
 from vllite.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -34,7 +41,11 @@ OUTPUT_CHUNK_SIZE = 128
 
 
 class AsyncLLM:
-    """An asyncio engine: ``AsyncLLM(model=..., **engine_kwargs)`` or ``AsyncLLM.from_engine_args(args)``."""
+    """An asyncio engine: ``AsyncLLM(model=..., **engine_kwargs)`` or ``AsyncLLM.from_engine_args(args)``.
+
+    ``stat_loggers`` receive every batch's stats (and force ``log_stats`` on); without them stats cost nothing. Each
+    is a ``StatLogger`` or a factory called once with the ``EngineInfo``; the built loggers are ``self.stat_loggers``.
+    """
 
     def __init__(
         self,
@@ -42,6 +53,7 @@ class AsyncLLM:
         *,
         config: EngineConfig | None = None,
         log_stats: bool | None = None,
+        stat_loggers: Sequence[StatLogger | StatLoggerFactory] | None = None,
         **engine_kwargs: Any,
     ) -> None:
         from vllite.engine.core_client import make_client
@@ -53,9 +65,12 @@ class AsyncLLM:
             raise ValueError("Pass either config= or model/engine keyword arguments, not both.")
         self.config = config
         log_stats = config.observability_config.log_stats if log_stats is None else log_stats
+        if stat_loggers:
+            log_stats = True  # the engine sends SchedulerStats, and the frontend keeps request stats, only then
         tokenizer, logitsproc_classes = load_frontend_parts(config)
         self.engine_core: Any = make_client(config, multiprocess=True, asyncio_mode=True, log_stats=log_stats)
         self.engine_info = self.engine_core.engine_info
+        self.stat_loggers = build_stat_loggers(stat_loggers or (), self.engine_info)
         self.frontend = Frontend(config, self.engine_info, tokenizer, logitsproc_classes, log_stats=log_stats)
         self.tokenizer = self.frontend.tokenizer
         self.input_processor = self.frontend.input_processor
@@ -161,7 +176,8 @@ class AsyncLLM:
             return
         # Refer to the parts, not to self, so the AsyncLLM can be garbage-collected while the task runs.
         engine_core, output_processor = self.engine_core, self.output_processor
-        self._output_handler = loop.create_task(_output_handler(engine_core, output_processor), name="vllite-output")
+        handler = _output_handler(engine_core, output_processor, self.stat_loggers)
+        self._output_handler = loop.create_task(handler, name="vllite-output")
 
     # ------------------------------------------------------------------ utilities
     async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
@@ -224,24 +240,30 @@ def _call_in_loop(loop: asyncio.AbstractEventLoop | None, fn: Any, *args: Any) -
         fn(*args)
 
 
-async def _output_handler(engine_core: Any, output_processor: Any) -> None:
-    """Pulls engine outputs and routes them to the per-request collectors until the engine stops.
+async def _output_handler(engine_core: Any, output_processor: Any, stat_loggers: Sequence[StatLogger] = ()) -> None:
+    """Pulls engine outputs and routes them to the per-request collectors until the engine stops; with
+    ``stat_loggers``, hands each batch's stats to every one of them (``_record_stats``).
 
     A failure in one request's output processing ends that request only (``OutputProcessor`` turns it into a
     ``RequestProcessingError`` in its stream and lists it for abort here). When the client itself fails, every
     open stream gets the error: ``EngineDeadError`` (the engine died), ``EngineClientClosedError`` (shut down), or
     the unexpected exception itself (then the requests are aborted in the engine, which may still be healthy).
     """
+    failed_loggers: set[int] = set()
     try:
         while True:
             outputs = await engine_core.get_output_async()
             batch = outputs.outputs
+            iteration_stats = IterationStats() if stat_loggers else None
             for start in range(0, len(batch), OUTPUT_CHUNK_SIZE):
                 if start:
                     await asyncio.sleep(0)
-                processed = output_processor.process_outputs(batch[start : start + OUTPUT_CHUNK_SIZE])
+                chunk = batch[start : start + OUTPUT_CHUNK_SIZE]
+                processed = output_processor.process_outputs(chunk, outputs.timestamp, iteration_stats)
                 if processed.reqs_to_abort:
                     engine_core.abort_requests(processed.reqs_to_abort)
+            if stat_loggers:
+                _record_stats(stat_loggers, outputs, iteration_stats, failed_loggers)
     except asyncio.CancelledError:
         raise
     except (EngineDeadError, EngineClientClosedError) as exc:
@@ -251,3 +273,22 @@ async def _output_handler(engine_core: Any, output_processor: Any) -> None:
         request_ids = output_processor.fail_all(exc)
         with contextlib.suppress(EngineDeadError, EngineClientClosedError):
             engine_core.abort_requests(request_ids)
+
+
+def _record_stats(
+    stat_loggers: Sequence[StatLogger],
+    outputs: EngineCoreOutputs,
+    iteration_stats: IterationStats | None,
+    failed_loggers: set[int],
+) -> None:
+    """Hands one batch's stats to every logger. A logger that raises is skipped for this batch; its first failure
+    is logged with the traceback, later ones only at debug level."""
+    for stat_logger in stat_loggers:
+        try:
+            stat_logger.record(outputs.scheduler_stats, iteration_stats, outputs.engine_index)
+        except Exception:
+            if id(stat_logger) in failed_loggers:
+                logger.debug("Stat logger %r failed again", stat_logger, exc_info=True)
+            else:
+                failed_loggers.add(id(stat_logger))
+                logger.exception("Stat logger %r failed; it is skipped for this batch, the engine goes on", stat_logger)
