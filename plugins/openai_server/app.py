@@ -1,0 +1,238 @@
+"""The FastAPI application: OpenAI's routes in front of one ``AsyncLLM``, plus health, version, tokenizer and
+Prometheus routes.
+
+``build_app(ctx)`` wires the routes to a :class:`ServerContext`; the server (``cli``) owns the engine's life.
+A request whose client disconnects is cancelled at once, streaming or not, which aborts it in the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Awaitable
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from vllite.plugins.openai_server.context import ServerContext
+from vllite.plugins.openai_server.errors import Unauthorized, classify, error_response
+from vllite.plugins.openai_server.event_stream import EventStream, EventStreamResponse
+from vllite.plugins.openai_server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from vllite.plugins.openai_server.responses import ModelCard, ModelList, encode
+from vllite.plugins.openai_server.sampling import BadRequest
+from vllite.version import __version__
+
+JSON = "application/json"
+
+
+def json_response(body: Any, status: int = 200) -> Response:
+    return Response(content=encode(body), status_code=status, media_type=JSON)
+
+
+def build_app(ctx: ServerContext) -> FastAPI:
+    """The application serving ``ctx.engine``."""
+    app = FastAPI(title="vllite", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.ctx = ctx
+    _add_error_handlers(app)
+    app.include_router(_v1_router(ctx))
+    app.include_router(_plain_router(ctx))
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_: Request, exc: RequestValidationError) -> Response:
+        message, param = describe_validation_error(exc)
+        return json_response(error_response(400, message, param), 400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
+        return json_response(error_response(exc.status_code, str(exc.detail)), exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def any_error(_: Request, exc: Exception) -> Response:
+        status, body = classify(exc)
+        return json_response(body, status)
+
+
+def describe_validation_error(exc: RequestValidationError) -> tuple[str, str | None]:
+    """One message naming every bad field, and the first field's name (OpenAI's ``param``)."""
+    parts, params = [], []
+    for error in exc.errors():
+        loc = [str(p) for p in error.get("loc", ()) if p != "body"]
+        field = ".".join(loc)
+        kind = error.get("type", "")
+        if kind == "extra_forbidden":
+            parts.append(f"Unknown field {field!r}: not an OpenAI or supported vLLM parameter.")
+        elif kind == "json_invalid":
+            parts.append(f"The request body is not valid JSON: {error.get('msg', '')}.")
+        elif kind == "missing":
+            parts.append(f"Missing required field {field!r}.")
+        else:
+            shown = repr(error.get("input"))[:80]
+            parts.append(f"{field or 'body'}: {error.get('msg', 'invalid value')} (got {shown}).")
+        if field:
+            params.append(loc[0])
+    # A union type reports every branch it tried: keep the messages short and distinct.
+    unique = list(dict.fromkeys(parts))
+    message = " ".join(unique[:4]) + (f" (and {len(unique) - 4} more)" if len(unique) > 4 else "")
+    return message, params[0] if params else None
+
+
+async def cancel_on_disconnect(request: Request, work: Awaitable[Any]) -> Any:
+    """Runs ``work``; cancels it (aborting its engine requests) if the client disconnects first."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    if task.cancelled():
+        return Response(status_code=499)  # nobody is listening; nginx's "client closed request"
+    result = task.result()
+    if isinstance(result, EventStream) and watcher.done() and not watcher.cancelled():
+        await result.close()  # the client left between submitting and streaming
+        return Response(status_code=499)
+    return result
+
+
+def _respond(result: Any) -> Response:
+    if isinstance(result, Response):
+        return result
+    if isinstance(result, EventStream):
+        return EventStreamResponse(result)
+    return json_response(result)
+
+
+def _v1_router(ctx: ServerContext) -> APIRouter:
+    async def check_api_key(request: Request) -> None:
+        key = ctx.settings.api_key
+        if key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), key.encode()):
+            raise Unauthorized("Invalid or missing API key: send 'Authorization: Bearer <key>'.")
+
+    router = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)])
+
+    @router.get("/models")
+    async def list_models() -> Response:
+        cards = [
+            ModelCard(id=name, root=str(ctx.model_root), max_model_len=ctx.max_model_len)
+            for name in ctx.settings.served_model_names
+        ]
+        return json_response(ModelList(data=cards))
+
+    @router.post("/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        from vllite.plugins.openai_server.completions import create_completion
+
+        _check_alive(ctx)
+        return _respond(await cancel_on_disconnect(request, create_completion(ctx, body)))
+
+    @router.post("/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        from vllite.plugins.openai_server.chat import create_chat_completion
+
+        _check_alive(ctx)
+        return _respond(await cancel_on_disconnect(request, create_chat_completion(ctx, body)))
+
+    return router
+
+
+def _check_alive(ctx: ServerContext) -> None:
+    if ctx.engine.errored:
+        raise ctx.engine.dead_error
+
+
+def _plain_router(ctx: ServerContext) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/health")
+    async def health() -> Response:
+        if ctx.engine.errored or not ctx.engine.is_running:
+            return json_response(error_response(503, "The engine is dead or shut down."), 503)
+        return Response(status_code=200)
+
+    @router.get("/version")
+    async def version() -> Response:
+        return json_response({"version": __version__})
+
+    @router.get("/metrics")
+    async def metrics() -> Response:
+        if ctx.metrics is None:
+            return json_response(error_response(404, "Metrics are off (--disable-log-stats)."), 404)
+        await refresh_engine_gauges(ctx)
+        body, content_type = ctx.metrics.render()
+        return Response(content=body, media_type=content_type)
+
+    @router.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> Response:
+        ctx.check_model(body.model)
+        token_ids = _tokenize(ctx, body)
+        result: dict[str, Any] = {"count": len(token_ids), "max_model_len": ctx.max_model_len, "tokens": token_ids}
+        if body.return_token_strs:
+            result["token_strs"] = ctx.tokenizer.convert_ids_to_tokens(token_ids)
+        return json_response(result)
+
+    @router.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> Response:
+        ctx.check_model(body.model)
+        _need_tokenizer(ctx)
+        vocab = ctx.engine.engine_info.vocab_size
+        bad = [t for t in body.tokens if not 0 <= t < vocab]
+        if bad:
+            raise BadRequest(f"Token ids out of vocabulary [0, {vocab}): {bad[:5]}.", param="tokens")
+        return json_response({"prompt": ctx.tokenizer.decode(body.tokens)})
+
+    return router
+
+
+def _need_tokenizer(ctx: ServerContext) -> None:
+    if ctx.tokenizer is None:
+        raise BadRequest("This server was started without a tokenizer (--skip-tokenizer-init).")
+
+
+def _tokenize(ctx: ServerContext, body: TokenizeRequest) -> list[int]:
+    _need_tokenizer(ctx)
+    if (body.prompt is None) == (body.messages is None):
+        raise BadRequest("Give exactly one of 'prompt' and 'messages'.", param="prompt")
+    if body.prompt is not None:
+        return [int(t) for t in ctx.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)]
+    from vllite.plugins.openai_server.chat_template import render_messages
+
+    assert body.messages is not None
+    return render_messages(ctx, body.messages, add_generation_prompt=body.add_generation_prompt)
+
+
+async def refresh_engine_gauges(ctx: ServerContext) -> None:
+    """Sets the running / waiting / KV-usage gauges from the engine now (the step stats go stale once it idles)."""
+    from vllite.protocol import SchedulerStats
+
+    if ctx.engine.errored:
+        return
+    try:
+        running, waiting = await ctx.engine.call_utility("get_request_counts")
+        usage = await ctx.engine.call_utility("get_kv_cache_usage")
+    except Exception:  # a dying engine: the gauges keep their last values
+        return
+    stats = SchedulerStats(num_running_reqs=running, num_waiting_reqs=waiting, kv_cache_usage=usage)
+    ctx.metrics.record(stats, None)

@@ -1,0 +1,206 @@
+"""``POST /v1/chat/completions``: a conversation through the chat template, whole or streamed, with tool calls.
+
+Tool calling, by ``tool_choice``:
+
+- ``none`` (the default without tools): the text is the answer.
+- ``auto`` (the default with tools; needs ``--tool-call-parser``): the parser finds the calls in the text; the
+  answer carries ``tool_calls`` and ``finish_reason="tool_calls"``, and the text outside the calls as content.
+  Streaming withholds text from where a call may begin, then sends each call as one ``tool_calls`` delta.
+- ``required``: as ``auto``, with the server's parser or, without one, the JSON format ``[{"name": ...,
+  "parameters": {...}}]``. The model is not constrained (that needs structured outputs): a reply without a call
+  finishes with ``"stop"`` and its text.
+- a named function: the whole text is that function's arguments (vLLM's behaviour), streamed as argument deltas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from vllite.outputs import CompletionOutput
+from vllite.plugins.openai_server.chat_template import render_messages
+from vllite.plugins.openai_server.context import ServerContext
+from vllite.plugins.openai_server.errors import check_sample, error_event
+from vllite.plugins.openai_server.event_stream import EventStream
+from vllite.plugins.openai_server.logprobs import chat_logprobs
+from vllite.plugins.openai_server.protocol import ChatCompletionRequest, random_id
+from vllite.plugins.openai_server.responses import (
+    SSE_DONE,
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    ChatLogprobs,
+    ChatStreamChoice,
+    DeltaMessage,
+    DeltaToolCall,
+    UsageInfo,
+    sse,
+)
+from vllite.plugins.openai_server.sampling import BadRequest, build_sampling_params, check_common_fields
+from vllite.plugins.openai_server.streams import Submitted, submit
+from vllite.plugins.openai_server.tool_choice import ToolMode, resolve_tool_mode
+
+
+async def create_chat_completion(
+    ctx: ServerContext, request: ChatCompletionRequest
+) -> ChatCompletionResponse | EventStream:
+    """The response body, or (``stream``) its SSE events; raises ``BadRequest`` before anything is submitted."""
+    model = ctx.check_model(request.model)
+    check_common_fields(request, max_logprobs=ctx.max_logprobs)
+    if request.response_format is not None and request.response_format.type != "text":
+        raise BadRequest(
+            f"response_format {request.response_format.type!r} needs structured outputs, which this server does not "
+            "support yet; use {'type': 'text'}.",
+            param="response_format",
+        )
+    if request.top_logprobs is not None and not request.logprobs:
+        raise BadRequest("top_logprobs needs logprobs to be true.", param="top_logprobs")
+    mode = resolve_tool_mode(ctx, request)
+    prompt_ids = render_messages(
+        ctx,
+        request.messages,
+        add_generation_prompt=request.add_generation_prompt,
+        continue_final_message=request.continue_final_message,
+        tools=mode.template_tools,
+        chat_template=request.chat_template,
+        chat_template_kwargs=request.chat_template_kwargs,
+    )
+    max_tokens = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
+    logprobs = (request.top_logprobs or 0) if request.logprobs else None
+    params = build_sampling_params(request, ctx.model_defaults, max_tokens=max_tokens, logprobs=logprobs)
+    request_id = request.request_id or random_id("chatcmpl-")
+    ctx.log_prompt(request_id, prompt_ids, params)
+    submitted = await submit(ctx.engine, request_id, [prompt_ids], params, priority=request.priority)
+    if request.stream:
+        events = _stream(ctx, request, mode, submitted, request_id, model)
+        return EventStream(events, submitted.abort_unfinished)
+    return await _collect(ctx, request, mode, submitted, request_id, model, prompt_ids)
+
+
+async def _collect(
+    ctx: ServerContext,
+    request: ChatCompletionRequest,
+    mode: ToolMode,
+    submitted: Submitted,
+    request_id: str,
+    model: str,
+    prompt_ids: list[int],
+) -> ChatCompletionResponse:
+    final = None
+    try:
+        async for _, output in submitted.outputs():
+            final = output
+    finally:
+        await submitted.abort_unfinished()
+    assert final is not None
+    choices = []
+    completion_tokens = 0
+    for sample in final.outputs:
+        check_sample(sample)
+        completion_tokens += len(sample.token_ids)
+        content, calls = mode.extract(sample.text)
+        finish_reason = mode.finish_reason(sample.finish_reason, calls)
+        choices.append(
+            ChatChoice(
+                index=sample.index,
+                message=AssistantMessage(content=content, tool_calls=calls),
+                logprobs=_logprobs(ctx, request, sample),
+                finish_reason=finish_reason,
+                stop_reason=sample.stop_reason,
+                token_ids=list(sample.token_ids) if request.return_token_ids else None,
+            )
+        )
+    prompt_tokens = len(prompt_ids)
+    usage = UsageInfo(prompt_tokens, completion_tokens, prompt_tokens + completion_tokens)
+    return ChatCompletionResponse(
+        id=request_id,
+        model=model,
+        choices=choices,
+        usage=usage,
+        prompt_token_ids=prompt_ids if request.return_token_ids else None,
+    )
+
+
+def _logprobs(ctx: ServerContext, request: ChatCompletionRequest, sample: CompletionOutput) -> ChatLogprobs | None:
+    if not request.logprobs:
+        return None
+    return chat_logprobs(sample.token_ids, sample.logprobs or [], request.top_logprobs or 0, ctx.tokenizer)
+
+
+async def _stream(
+    ctx: ServerContext,
+    request: ChatCompletionRequest,
+    mode: ToolMode,
+    submitted: Submitted,
+    request_id: str,
+    model: str,
+) -> AsyncIterator[bytes]:
+    include_usage = request.stream_options is not None and request.stream_options.include_usage
+    continuous = include_usage and request.stream_options is not None and request.stream_options.continuous_usage_stats
+    extractors = [mode.stream() for _ in range(request.n)]
+    prompt_tokens = completion_tokens = 0
+
+    def chunk(choices: list[ChatStreamChoice]) -> bytes:
+        usage = UsageInfo(prompt_tokens, completion_tokens, prompt_tokens + completion_tokens) if continuous else None
+        return sse(ChatCompletionChunk(id=request_id, model=model, choices=choices, usage=usage))
+
+    try:
+        yield chunk(
+            [
+                ChatStreamChoice(
+                    index=i, delta=DeltaMessage(role="assistant", content=""), logprobs=None, finish_reason=None
+                )
+                for i in range(request.n)
+            ]
+        )
+        async for _, output in submitted.outputs():
+            prompt_tokens = len(output.prompt_token_ids or ())
+            choices = []
+            for sample in output.outputs:
+                if sample.finish_reason == "error":
+                    yield error_event(sample.error or "the request failed in the engine", 500)
+                    return
+                completion_tokens += len(sample.token_ids)
+                choices.extend(_stream_choices(ctx, request, mode, extractors[sample.index], sample))
+            if choices:
+                yield chunk(choices)
+        if include_usage:
+            usage = UsageInfo(prompt_tokens, completion_tokens, prompt_tokens + completion_tokens)
+            yield sse(ChatCompletionChunk(id=request_id, model=model, choices=[], usage=usage))
+        yield SSE_DONE
+    except Exception as exc:
+        yield error_event(exc)
+        yield SSE_DONE
+    finally:
+        await submitted.abort_unfinished()
+
+
+def _stream_choices(
+    ctx: ServerContext, request: ChatCompletionRequest, mode: ToolMode, extractor: Any, sample: CompletionOutput
+) -> list[ChatStreamChoice]:
+    """The choices one sample's step delta becomes: content and tool-call deltas, then its finish."""
+    index = sample.index
+    deltas = extractor.feed(sample.text)
+    finished = sample.finish_reason is not None
+    calls: list[DeltaToolCall] = []
+    if finished:
+        more, calls = extractor.finish()
+        deltas.extend(more)
+    logprobs = _logprobs(ctx, request, sample)
+    token_ids = list(sample.token_ids) if request.return_token_ids else None
+    choices = [ChatStreamChoice(index=index, delta=delta, logprobs=None, finish_reason=None) for delta in deltas[:-1]]
+    last = deltas[-1] if deltas else None
+    if last is not None or logprobs is not None or token_ids or finished:
+        finish_reason = mode.finish_reason(sample.finish_reason, calls) if finished else None
+        choices.append(
+            ChatStreamChoice(
+                index=index,
+                delta=last or DeltaMessage(),
+                logprobs=logprobs,
+                finish_reason=finish_reason,
+                stop_reason=sample.stop_reason if finished else None,
+                token_ids=token_ids,
+            )
+        )
+    return choices

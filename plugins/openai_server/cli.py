@@ -1,0 +1,190 @@
+"""``vllite serve [MODEL]``: the flags, start-up (socket, engine, app) and a graceful shutdown.
+
+Start-up checks every server flag before the engine starts, binds the socket (a port in use is one clear error),
+starts one ``AsyncLLM`` and serves it with uvicorn until SIGINT / SIGTERM. Then the server stops accepting
+connections, lets the requests in flight run for ``--shutdown-timeout`` seconds, aborts those still running
+(each stream ends with ``finish_reason="abort"`` and ``[DONE]``) and stops the engine. A second signal exits at
+once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import sys
+from typing import Any
+
+from vllite.plugins.openai_server.context import ServerContext, ServerSettings
+
+API_KEY_ENV = "VLLITE_API_KEY"
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """``vllite serve``'s flags: vLLM's names, then every engine flag ``vllite generate`` takes."""
+    from vllite.config import EngineArgs
+
+    parser.add_argument("model_tag", nargs="?", default=None, help="Model folder (default: the demo model).")
+    server = parser.add_argument_group("server")
+    add = server.add_argument
+    add("--host", default="127.0.0.1", help="Address to listen on (default 127.0.0.1; 0.0.0.0 for every interface).")
+    add("--port", type=int, default=8000, help="Port (default 8000; 0 picks a free one and prints it).")
+    add("--api-key", default=None, help=f"Require 'Authorization: Bearer KEY' on /v1 routes (also ${API_KEY_ENV}).")
+    add("--served-model-name", nargs="+", default=None, help="Model names the API answers to (default: the path).")
+    add("--chat-template", default=None, help="A Jinja chat template, or a file holding one, over the tokenizer's.")
+    add(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="Let requests bring their own chat_template (off: such requests get 400).",
+    )
+    add("--tool-call-parser", default=None, help="Tool-call parser for tool_choice auto/required (hermes, llama, ...).")
+    add(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="Accepted for vLLM compatibility; --tool-call-parser alone enables tool_choice='auto'.",
+    )
+    add("--enable-log-requests", action="store_true", help="Log every request's prompt and parameters.")
+    add("--max-log-len", type=int, default=None, help="Characters or tokens of a prompt to log (default: all).")
+    add("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug", "trace"])
+    add("--disable-uvicorn-access-log", action="store_true", help="Do not log one line per HTTP request.")
+    add(
+        "--shutdown-timeout",
+        type=float,
+        default=10.0,
+        help="Seconds requests in flight may run after SIGINT/SIGTERM before they are aborted (default 10).",
+    )
+    EngineArgs.add_cli_args(parser)
+    parser.set_defaults(disable_log_stats=False)  # a server reports metrics unless told not to
+
+
+def server_settings(args: argparse.Namespace, model_path: str) -> ServerSettings:
+    """The server's settings, checked before any engine starts; ``ValueError`` names the bad flag."""
+    from vllite.cli_commands import _chat_template
+
+    if args.model_tag and args.model and args.model_tag != args.model:
+        raise ValueError(f"Two models given: {args.model_tag!r} and --model {args.model!r}; give one.")
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser NAME.")
+    if args.tool_call_parser:
+        from vllite.plugin_manager import resolve_component
+
+        resolve_component("tool_parsers", args.tool_call_parser)  # an unknown name fails here, listing the known
+    if args.max_log_len is not None and args.max_log_len < 0:
+        raise ValueError(f"--max-log-len must be >= 0, got {args.max_log_len}.")
+    if args.shutdown_timeout < 0:
+        raise ValueError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}.")
+    names = tuple(args.served_model_name or [model_path])
+    return ServerSettings(
+        served_model_names=names,
+        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        max_log_len=args.max_log_len,
+        chat_template=_chat_template(args.chat_template),
+        trust_request_chat_template=args.trust_request_chat_template,
+        tool_call_parser=args.tool_call_parser,
+        enable_auto_tool_choice=bool(args.tool_call_parser),
+        log_requests=args.enable_log_requests,
+    )
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket; ``ValueError`` saying so when the address is taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ValueError(f"Cannot listen on {host}:{port}: {exc.strerror or exc}.") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def run_server(args: argparse.Namespace) -> int:
+    """Runs ``vllite serve`` until a signal stops it; returns the exit code."""
+    from vllite.assets import default_model_path
+    from vllite.config import EngineArgs
+
+    if args.model_tag:
+        args.model = args.model_tag
+    model_path = str(args.model or default_model_path())
+    settings = server_settings(args, model_path if args.model else "vllite-demo")
+    engine_args = EngineArgs.from_cli_args(args)
+    sock = bind_socket(args.host, args.port)
+    try:
+        engine, metrics = _start_engine(engine_args, settings)
+        try:
+            ctx = ServerContext(engine, settings, metrics=metrics)
+            asyncio.run(_serve(ctx, sock, args))
+        finally:
+            engine.shutdown()
+    finally:
+        sock.close()
+    return 0
+
+
+def _start_engine(engine_args: Any, settings: ServerSettings) -> tuple[Any, Any]:
+    """The engine, and its Prometheus logger (``None`` with ``--disable-log-stats``)."""
+    from vllite.plugins.engine_proc.async_llm import AsyncLLM
+
+    if engine_args.disable_log_stats:
+        return AsyncLLM.from_engine_args(engine_args), None
+    from vllite.plugins.openai_server.metrics import PrometheusStatLogger
+
+    name = settings.served_model_names[0]
+    engine = AsyncLLM.from_engine_args(engine_args, stat_loggers=[lambda info: PrometheusStatLogger(name, info)])
+    return engine, engine.stat_loggers[0]
+
+
+async def _serve(ctx: ServerContext, sock: socket.socket, args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from vllite.plugins.openai_server.app import build_app
+
+    app = build_app(ctx)
+    config = uvicorn.Config(
+        app,
+        log_level=args.uvicorn_log_level,
+        access_log=not args.disable_uvicorn_access_log,
+        lifespan="off",
+        timeout_graceful_shutdown=args.shutdown_timeout + 5,
+        timeout_keep_alive=5,
+    )
+    server = _graceful_server(config, ctx, args.shutdown_timeout)
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(
+        f"vllite: serving {ctx.model_name!r} on http://{shown}:{port} (OpenAI API under /v1; Ctrl-C stops)",
+        file=sys.stderr,
+        flush=True,
+    )
+    await server.serve(sockets=[sock])
+
+
+def _graceful_server(config: Any, ctx: ServerContext, grace_s: float) -> Any:
+    """uvicorn's server, plus: on the first signal, abort the requests still running after ``grace_s``."""
+    import uvicorn
+
+    loop = asyncio.get_running_loop()
+
+    class GracefulServer(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            first = not self.should_exit
+            super().handle_exit(sig, frame)
+            if first:
+                loop.call_soon_threadsafe(loop.call_later, grace_s, _abort_all, ctx)
+
+    return GracefulServer(config)
+
+
+def _abort_all(ctx: ServerContext) -> None:
+    """Aborts every request in flight: their streams end with ``finish_reason="abort"``."""
+    request_ids = list(ctx.engine.output_processor.external_req_ids)
+    if request_ids:
+        _pending.add(task := asyncio.ensure_future(ctx.engine.abort(request_ids)))
+        task.add_done_callback(_pending.discard)
+
+
+_pending: set[asyncio.Future] = set()  # keeps the abort task alive until it has run

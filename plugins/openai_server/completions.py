@@ -1,0 +1,189 @@
+"""``POST /v1/completions``: one or several prompts (text or token ids), whole or streamed as Server-Sent Events.
+
+Choice ``i * n + j`` is sample ``j`` of prompt ``i``, as OpenAI numbers them. A non-streaming response waits for
+every sample; a stream sends each sample's text as it is generated, one chunk per engine step and prompt, a
+chunk with its ``finish_reason`` at its end, then (``stream_options.include_usage``) a usage chunk and
+``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from vllite.outputs import CompletionOutput, RequestOutput
+from vllite.plugins.openai_server.context import ServerContext
+from vllite.plugins.openai_server.errors import check_sample, error_event
+from vllite.plugins.openai_server.event_stream import EventStream
+from vllite.plugins.openai_server.logprobs import completion_logprobs
+from vllite.plugins.openai_server.protocol import CompletionRequest, random_id
+from vllite.plugins.openai_server.responses import (
+    SSE_DONE,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionResponse,
+    UsageInfo,
+    sse,
+)
+from vllite.plugins.openai_server.sampling import BadRequest, build_sampling_params, check_common_fields
+from vllite.plugins.openai_server.streams import Submitted, submit
+
+
+def normalize_prompts(prompt: Any) -> list[str | list[int]]:
+    """The request's prompts as a list: one text, several texts, one token list or several token lists."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise BadRequest("prompt must not be empty.", param="prompt")
+    if all(isinstance(p, int) for p in prompt):
+        return [list(prompt)]
+    if any(isinstance(p, list) and not p for p in prompt):
+        raise BadRequest("prompt must not contain an empty token list.", param="prompt")
+    return list(prompt)
+
+
+async def create_completion(ctx: ServerContext, request: CompletionRequest) -> CompletionResponse | EventStream:
+    """The response body, or (``stream``) an iterator of SSE events; raises ``BadRequest`` before submitting."""
+    model = ctx.check_model(request.model)
+    check_common_fields(request, max_logprobs=ctx.max_logprobs)
+    if request.best_of is not None and request.best_of != request.n:
+        raise BadRequest(
+            f"best_of={request.best_of} is not supported (vllite returns every sample); use n instead.",
+            param="best_of",
+        )
+    if request.suffix is not None:
+        raise BadRequest("suffix is not supported.", param="suffix")
+    prompts = normalize_prompts(request.prompt)
+    echo_logprobs = request.echo and request.logprobs is not None
+    params = build_sampling_params(
+        request,
+        ctx.model_defaults,
+        max_tokens=request.max_tokens,
+        logprobs=request.logprobs,
+        prompt_logprobs=request.logprobs if echo_logprobs else None,
+    )
+    request_id = request.request_id or random_id("cmpl-")
+    if not request.add_special_tokens:
+        prompts = [_encode_plain(ctx, p) if isinstance(p, str) else p for p in prompts]
+    ctx.log_prompt(request_id, prompts, params)
+    submitted = await submit(ctx.engine, request_id, prompts, params, priority=request.priority)
+    if request.stream:
+        return EventStream(_stream(ctx, request, submitted, request_id, model), submitted.abort_unfinished)
+    return await _collect(ctx, request, submitted, request_id, model)
+
+
+def _encode_plain(ctx: ServerContext, text: str) -> list[int]:
+    if ctx.tokenizer is None:
+        raise BadRequest("Text prompts need a tokenizer; this server has none.", param="prompt")
+    return [int(t) for t in ctx.tokenizer.encode(text, add_special_tokens=False)]
+
+
+async def _collect(
+    ctx: ServerContext, request: CompletionRequest, submitted: Submitted, request_id: str, model: str
+) -> CompletionResponse:
+    finals: dict[int, RequestOutput] = {}
+    try:
+        async for index, output in submitted.outputs():
+            finals[index] = output
+    finally:
+        await submitted.abort_unfinished()
+    choices: list[CompletionChoice] = []
+    prompt_tokens = completion_tokens = 0
+    for index in range(len(submitted.requests)):
+        output = finals[index]
+        prompt_tokens += len(output.prompt_token_ids or ())
+        for sample in output.outputs:
+            check_sample(sample)
+            completion_tokens += len(sample.token_ids)
+            choices.append(_choice(ctx, request, output, sample, index, echo=request.echo))
+    usage = UsageInfo(prompt_tokens, completion_tokens, prompt_tokens + completion_tokens)
+    return CompletionResponse(id=request_id, model=model, choices=choices, usage=usage)
+
+
+def _choice(
+    ctx: ServerContext,
+    request: CompletionRequest,
+    output: RequestOutput,
+    sample: CompletionOutput,
+    prompt_index: int,
+    *,
+    echo: bool,
+    with_prompt_ids: bool = True,
+) -> CompletionChoice:
+    """One choice of a response or of a chunk: the sample's new text (after the prompt when echoing)."""
+    text = sample.text
+    logprobs: CompletionLogprobs | None = None
+    prompt_text = ""
+    if echo:
+        prompt_text = _prompt_text(ctx, output)
+        text = prompt_text + text
+    if request.logprobs is not None:
+        token_ids: list[int] = list(sample.token_ids)
+        positions: list[Any] = list(sample.logprobs or ())
+        if echo:
+            prompt_ids = list(output.prompt_token_ids or ())
+            token_ids = prompt_ids + token_ids
+            positions = list(output.prompt_logprobs or [None] * len(prompt_ids)) + positions
+        logprobs = completion_logprobs(token_ids, positions, request.logprobs, ctx.tokenizer)
+    return CompletionChoice(
+        index=prompt_index * request.n + sample.index,
+        text=text,
+        logprobs=logprobs,
+        finish_reason=sample.finish_reason,
+        stop_reason=sample.stop_reason,
+        token_ids=list(sample.token_ids) if request.return_token_ids else None,
+        prompt_token_ids=list(output.prompt_token_ids or ()) if request.return_token_ids and with_prompt_ids else None,
+    )
+
+
+def _prompt_text(ctx: ServerContext, output: RequestOutput) -> str:
+    if output.prompt is not None:
+        return output.prompt
+    if ctx.tokenizer is None:
+        return ""
+    return ctx.tokenizer.decode(output.prompt_token_ids or [])
+
+
+async def _stream(
+    ctx: ServerContext, request: CompletionRequest, submitted: Submitted, request_id: str, model: str
+) -> AsyncIterator[bytes]:
+    include_usage = request.stream_options is not None and request.stream_options.include_usage
+    continuous = include_usage and request.stream_options is not None and request.stream_options.continuous_usage_stats
+    started: set[int] = set()  # prompts whose first chunk (echo, prompt token ids) has gone out
+    prompt_tokens: dict[int, int] = {}
+    completion_tokens = 0
+    try:
+        async for index, output in submitted.outputs():
+            prompt_tokens[index] = len(output.prompt_token_ids or ())
+            choices = []
+            for sample in output.outputs:
+                if sample.finish_reason == "error":
+                    yield error_event(sample.error or "the request failed in the engine", 500)
+                    return
+                first = index not in started
+                echo = request.echo and first
+                if not (sample.text or sample.token_ids or sample.finish_reason or echo):
+                    continue
+                completion_tokens += len(sample.token_ids)
+                choices.append(_choice(ctx, request, output, sample, index, echo=echo, with_prompt_ids=first))
+            started.add(index)
+            if choices:
+                usage = _usage(prompt_tokens, completion_tokens) if continuous else None
+                yield sse(CompletionResponse(id=request_id, model=model, choices=choices, usage=usage))
+        if include_usage:
+            yield sse(
+                CompletionResponse(
+                    id=request_id, model=model, choices=[], usage=_usage(prompt_tokens, completion_tokens)
+                )
+            )
+        yield SSE_DONE
+    except Exception as exc:
+        yield error_event(exc)
+        yield SSE_DONE
+    finally:
+        await submitted.abort_unfinished()
+
+
+def _usage(prompt_tokens: dict[int, int], completion_tokens: int) -> UsageInfo:
+    total_prompt = sum(prompt_tokens.values())
+    return UsageInfo(total_prompt, completion_tokens, total_prompt + completion_tokens)

@@ -1,0 +1,80 @@
+"""What every route needs: the engine, the server's settings, and the facts computed once at start-up."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from vllite.exceptions import VlliteError
+
+logger = logging.getLogger("vllite.server")
+
+
+class ModelNotFound(VlliteError):
+    """The request names a model this server does not serve (HTTP 404)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"The model `{name}` does not exist.")
+        self.name = name
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """The server's flags, as ``vllite serve`` parsed them."""
+
+    served_model_names: tuple[str, ...]
+    api_key: str | None = None
+    max_log_len: int | None = None
+    chat_template: str | None = None
+    trust_request_chat_template: bool = False
+    tool_call_parser: str | None = None
+    enable_auto_tool_choice: bool = False
+    log_requests: bool = False
+
+
+class ServerContext:
+    """The engine behind the routes and the facts they share: tokenizer, limits, defaults, tool parser, metrics.
+
+    ``model_defaults`` are the sampling defaults of the model's generation config; a request field left unset
+    takes them (vLLM's ``--generation-config auto``).
+    """
+
+    def __init__(self, engine: Any, settings: ServerSettings, *, metrics: Any = None) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.metrics = metrics
+        self.tokenizer = engine.tokenizer
+        self.max_model_len = engine.engine_info.max_model_len
+        self.max_logprobs = engine.config.model_config.max_logprobs
+        self.model_root = engine.config.model_config.model
+        self.model_defaults: dict[str, Any] = dict(engine.frontend.default_sampling_fields)
+        self.tool_parser_class = _resolve_tool_parser(settings.tool_call_parser)
+
+    @property
+    def model_name(self) -> str:
+        """The first served name: what responses report."""
+        return self.settings.served_model_names[0]
+
+    def check_model(self, name: str | None) -> str:
+        """The served name a request asks for (its own, or the default when it names none)."""
+        if name is None or name in self.settings.served_model_names:
+            return name or self.model_name
+        raise ModelNotFound(name)
+
+    def log_prompt(self, request_id: str, prompt: Any, params: Any) -> None:
+        """Logs an accepted request, its prompt cut to ``--max-log-len`` characters / tokens."""
+        if not self.settings.log_requests:
+            return
+        limit = self.settings.max_log_len
+        if limit is not None:
+            prompt = prompt[:limit]
+        logger.info("Received request %s: prompt: %r, params: %s", request_id, prompt, params)
+
+
+def _resolve_tool_parser(name: str | None) -> type | None:
+    if name is None:
+        return None
+    from vllite.plugin_manager import resolve_component
+
+    return resolve_component("tool_parsers", name)

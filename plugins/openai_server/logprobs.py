@@ -1,0 +1,77 @@
+"""vllite's per-position logprob dicts in OpenAI's two shapes: legacy completions and chat."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from vllite.outputs import Logprob
+from vllite.plugins.openai_server.responses import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
+
+
+def _token_text(token_id: int, entry: Logprob | None, tokenizer: Any) -> str:
+    if entry is not None and entry.decoded_token is not None:
+        return entry.decoded_token
+    if tokenizer is not None:
+        return tokenizer.decode([token_id])
+    return f"token_id:{token_id}"
+
+
+def _top(position: dict[int, Logprob], num: int) -> list[tuple[int, Logprob]]:
+    """The ``num`` most likely tokens at one position (rank 1 first)."""
+    ranked = sorted(position.items(), key=lambda item: item[1].rank or 0)
+    return [item for item in ranked if item[1].rank is not None and item[1].rank <= num][:num]
+
+
+def completion_logprobs(
+    token_ids: Sequence[int],
+    positions: Sequence[dict[int, Logprob] | None],
+    num: int,
+    tokenizer: Any,
+    *,
+    text_offset: int = 0,
+) -> CompletionLogprobs:
+    """Legacy completions logprobs of ``token_ids`` (``positions[i]`` holds token i's logprobs; ``None`` for
+    an echoed first prompt token, which has none); offsets start at ``text_offset`` characters."""
+    out = CompletionLogprobs(text_offset=[], token_logprobs=[], tokens=[], top_logprobs=[])
+    offset = text_offset
+    for token_id, position in zip(token_ids, positions):
+        entry = position.get(token_id) if position is not None else None
+        text = _token_text(token_id, entry, tokenizer)
+        out.tokens.append(text)
+        out.text_offset.append(offset)
+        offset += len(text)
+        if position is None or entry is None:
+            out.token_logprobs.append(None)
+            out.top_logprobs.append(None)
+            continue
+        out.token_logprobs.append(max(entry.logprob, -9999.0))
+        top = {_token_text(t, lp, tokenizer): max(lp.logprob, -9999.0) for t, lp in _top(position, num)}
+        top.setdefault(text, max(entry.logprob, -9999.0))
+        out.top_logprobs.append(top)
+    return out
+
+
+def chat_logprobs(
+    token_ids: Sequence[int], positions: Sequence[dict[int, Logprob]], num: int, tokenizer: Any
+) -> ChatLogprobs:
+    """Chat logprobs: each sampled token with its logprob and its ``num`` top alternatives."""
+    content = []
+    for token_id, position in zip(token_ids, positions):
+        entry = position.get(token_id)
+        text = _token_text(token_id, entry, tokenizer)
+        logprob = max(entry.logprob, -9999.0) if entry is not None else -9999.0
+        top = [
+            TopLogprob(
+                token=(top_text := _token_text(t, lp, tokenizer)),
+                logprob=max(lp.logprob, -9999.0),
+                bytes=list(top_text.encode("utf-8", errors="replace")),
+            )
+            for t, lp in _top(position, num)
+        ]
+        content.append(
+            TokenLogprob(
+                token=text, logprob=logprob, bytes=list(text.encode("utf-8", errors="replace")), top_logprobs=top
+            )
+        )
+    return ChatLogprobs(content=content)

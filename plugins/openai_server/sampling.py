@@ -1,0 +1,136 @@
+"""From an OpenAI request to ``SamplingParams``: the model's defaults under the request's fields, vLLM's extras,
+and Continuum's program fields in ``extra_args`` (exactly where the fork's scheduler reads them).
+
+Every rejection is a :class:`BadRequest` naming the field, so the server answers 400 with ``param`` set.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllite.exceptions import VlliteError
+from vllite.plugins.openai_server.protocol import SamplingFields
+from vllite.sampling_params import RequestOutputKind, SamplingParams
+
+#: Request fields that fall back to the model's generation config (``--generation-config``) when unset.
+MODEL_DEFAULTED_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+#: OpenAI's defaults where neither the request nor the model says.
+OPENAI_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
+#: The Continuum fork's request fields, copied into ``SamplingParams.extra_args`` when present.
+CONTINUUM_FIELDS = ("job_id", "is_last_step", "this_func_call", "last_func_call")
+#: ``vllm_xargs`` values: JSON scalars or lists of them (vLLM's rule).
+_XARG_SCALARS = (str, int, float, bool)
+
+
+class BadRequest(VlliteError, ValueError):
+    """A request the server rejects with HTTP 400; ``param`` names the offending field when there is one."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def build_sampling_params(
+    request: SamplingFields,
+    model_defaults: dict[str, Any],
+    *,
+    max_tokens: int | None,
+    logprobs: int | None,
+    prompt_logprobs: int | None = None,
+) -> SamplingParams:
+    """The request's ``SamplingParams`` (DELTA output when streaming, FINAL_ONLY otherwise).
+
+    Raises :class:`BadRequest` naming the field for a value ``SamplingParams`` refuses.
+    """
+    fields: dict[str, Any] = {}
+    for name in MODEL_DEFAULTED_FIELDS:
+        value = getattr(request, name)
+        if value is None:
+            value = model_defaults.get(name, OPENAI_DEFAULTS[name])
+        fields[name] = value
+    if max_tokens is None:
+        max_tokens = model_defaults.get("max_tokens")
+    try:
+        return SamplingParams(
+            n=request.n,
+            presence_penalty=request.presence_penalty,
+            frequency_penalty=request.frequency_penalty,
+            seed=request.seed,
+            stop=request.stop,
+            stop_token_ids=request.stop_token_ids,
+            ignore_eos=request.ignore_eos,
+            max_tokens=max_tokens,
+            min_tokens=request.min_tokens,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs if prompt_logprobs is not None else request.prompt_logprobs,
+            skip_special_tokens=request.skip_special_tokens,
+            spaces_between_special_tokens=request.spaces_between_special_tokens,
+            include_stop_str_in_output=request.include_stop_str_in_output,
+            truncate_prompt_tokens=request.truncate_prompt_tokens,
+            output_kind=RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY,
+            logit_bias=_logit_bias(request.logit_bias),
+            allowed_token_ids=request.allowed_token_ids,
+            extra_args=extra_args(request),
+            **fields,
+        )
+    except BadRequest:
+        raise
+    except (ValueError, TypeError) as exc:
+        raise BadRequest(str(exc), param=_field_named_in(str(exc))) from None
+
+
+def extra_args(request: SamplingFields) -> dict[str, Any] | None:
+    """``extra_args`` (vllite's name), ``vllm_xargs`` (vLLM's) and the Continuum fields, merged in that order."""
+    merged: dict[str, Any] = {}
+    if request.extra_args:
+        merged.update(request.extra_args)
+    if request.vllm_xargs:
+        for key, value in request.vllm_xargs.items():
+            ok = isinstance(value, _XARG_SCALARS) or (
+                isinstance(value, list) and all(isinstance(v, _XARG_SCALARS) for v in value)
+            )
+            if not ok:
+                raise BadRequest(
+                    f"vllm_xargs[{key!r}] must be a string, number, boolean or a list of them; "
+                    f"got {type(value).__name__}.",
+                    param="vllm_xargs",
+                )
+            merged[key] = value
+    for name in CONTINUUM_FIELDS:
+        value = getattr(request, name)
+        if value is not None:
+            merged[name] = str(value) if name == "job_id" else value
+    return merged or None
+
+
+def check_common_fields(request: SamplingFields, *, max_logprobs: int) -> None:
+    """Checks that ``SamplingParams`` cannot name by themselves; raises :class:`BadRequest`."""
+    if request.stream_options is not None and not request.stream:
+        raise BadRequest("stream_options is only allowed when stream is true.", param="stream_options")
+    if request.n < 1:
+        raise BadRequest(f"n must be at least 1, got {request.n}.", param="n")
+
+
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    if bias is None:
+        return None
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        try:
+            token_id = int(key)
+        except ValueError:
+            raise BadRequest(f"logit_bias keys must be token ids, got {key!r}.", param="logit_bias") from None
+        if not -100.0 <= value <= 100.0:
+            raise BadRequest(f"logit_bias values must be in [-100, 100], got {value} for {key}.", param="logit_bias")
+        out[token_id] = value
+    return out
+
+
+def _field_named_in(message: str) -> str | None:
+    """The field a ``SamplingParams`` error names (``"temperature must be ..."``, ``"SamplingParams.n ..."``)."""
+    words = message.replace("SamplingParams.", "").replace("=", " ").split()
+    for word in words[:6]:
+        name = word.strip(".,:;'\"`()")
+        if name in SamplingFields.model_fields or name in ("max_tokens", "logprobs", "prompt_logprobs"):
+            return name
+    return None

@@ -1,0 +1,183 @@
+"""``tools`` and ``tool_choice`` resolved once per request into a :class:`ToolMode`: what the chat template gets,
+how a finished reply becomes content and ``tool_calls``, and how a streamed reply becomes deltas."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllite.plugins.openai_server.context import ServerContext
+from vllite.plugins.openai_server.protocol import ChatCompletionRequest, NamedToolChoice, random_id
+from vllite.plugins.openai_server.responses import (
+    DeltaFunctionCall,
+    DeltaMessage,
+    DeltaToolCall,
+    FunctionCall,
+    ToolCall,
+)
+from vllite.plugins.openai_server.sampling import BadRequest
+
+#: The parser for ``tool_choice="required"`` when the server has none: vLLM's forced format is a JSON list.
+REQUIRED_FALLBACK_PARSER = "openai"
+
+
+class ToolMode:
+    """No tool calling (``tool_choice="none"`` or no tools): the text is the content."""
+
+    def __init__(self, template_tools: list[dict[str, Any]] | None = None) -> None:
+        self.template_tools = template_tools
+
+    def extract(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        """A finished reply's content and calls."""
+        return text, []
+
+    def finish_reason(self, sample_finish: str | None, calls: list[Any]) -> str | None:
+        """The choice's ``finish_reason``."""
+        return sample_finish
+
+    def stream(self) -> Any:
+        """A per-choice streaming extractor: ``feed(text) -> [DeltaMessage]``, ``finish() -> ([DeltaMessage],
+        [DeltaToolCall])``."""
+        return _PlainStream()
+
+
+class _PlainStream:
+    def feed(self, text: str) -> list[DeltaMessage]:
+        return [DeltaMessage(content=text)] if text else []
+
+    def finish(self) -> tuple[list[DeltaMessage], list[DeltaToolCall]]:
+        return [], []
+
+
+class ParsedToolMode(ToolMode):
+    """``auto`` / ``required``: a tool parser finds the calls in the text."""
+
+    def __init__(self, template_tools: list[dict[str, Any]], parser_class: type) -> None:
+        super().__init__(template_tools)
+        self.parser_class = parser_class
+
+    def extract(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        found = self.parser_class().extract(text)
+        calls = [_tool_call(call.name, call.arguments) for call in found.calls]
+        return (found.content or None) if calls else text, calls
+
+    def finish_reason(self, sample_finish: str | None, calls: list[Any]) -> str | None:
+        return "tool_calls" if calls and sample_finish == "stop" else sample_finish
+
+    def stream(self) -> Any:
+        return _ParsedStream(self.parser_class().stream())
+
+
+class _ParsedStream:
+    def __init__(self, extractor: Any) -> None:
+        self.extractor = extractor
+
+    def feed(self, text: str) -> list[DeltaMessage]:
+        content = self.extractor.feed(text) if text else ""
+        return [DeltaMessage(content=content)] if content else []
+
+    def finish(self) -> tuple[list[DeltaMessage], list[DeltaToolCall]]:
+        found = self.extractor.finish()
+        deltas = [DeltaMessage(content=found.content)] if found.content else []
+        calls = [
+            DeltaToolCall(
+                index=i,
+                id=random_id("call_"),
+                type="function",
+                function=DeltaFunctionCall(name=call.name, arguments=call.arguments),
+            )
+            for i, call in enumerate(found.calls)
+        ]
+        if calls:
+            deltas.append(DeltaMessage(tool_calls=calls))
+        return deltas, calls
+
+
+class NamedToolMode(ToolMode):
+    """A named function: the whole reply is its arguments (vLLM's behaviour for a forced function)."""
+
+    def __init__(self, template_tools: list[dict[str, Any]], name: str) -> None:
+        super().__init__(template_tools)
+        self.name = name
+
+    def extract(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        return None, [_tool_call(self.name, text)]
+
+    def stream(self) -> Any:
+        return _NamedStream(self.name)
+
+
+class _NamedStream:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.started = False
+
+    def feed(self, text: str) -> list[DeltaMessage]:
+        if self.started and not text:
+            return []
+        if self.started:
+            call = DeltaToolCall(index=0, function=DeltaFunctionCall(arguments=text))
+        else:
+            self.started = True
+            function = DeltaFunctionCall(name=self.name, arguments=text)
+            call = DeltaToolCall(index=0, id=random_id("call_"), type="function", function=function)
+        return [DeltaMessage(tool_calls=[call])]
+
+    def finish(self) -> tuple[list[DeltaMessage], list[DeltaToolCall]]:
+        return ([] if self.started else self.feed("")), []
+
+
+def _tool_call(name: str, arguments: str) -> ToolCall:
+    return ToolCall(id=random_id("call_"), function=FunctionCall(name=name, arguments=arguments))
+
+
+def resolve_tool_mode(ctx: ServerContext, request: ChatCompletionRequest) -> ToolMode:
+    """The request's tool mode; :class:`BadRequest` for an inconsistent ``tools`` / ``tool_choice``."""
+    tools = request.tools or []
+    choice = request.tool_choice
+    if not tools:
+        if choice not in (None, "none"):
+            raise BadRequest("tool_choice needs tools: give the functions the model may call.", param="tool_choice")
+        return ToolMode()
+    for index, tool in enumerate(tools):
+        _check_parameters(tool.function.parameters, index)
+    template_tools = [tool.model_dump(exclude_none=True) for tool in tools]
+    if choice is None:
+        choice = "auto"
+    if choice == "none":
+        return ToolMode(template_tools)
+    if isinstance(choice, NamedToolChoice):
+        names = [tool.function.name for tool in tools]
+        if choice.function.name not in names:
+            raise BadRequest(
+                f"tool_choice names the function {choice.function.name!r}, which is not among the tools {names}.",
+                param="tool_choice",
+            )
+        return NamedToolMode(template_tools, choice.function.name)
+    parser = ctx.tool_parser_class
+    if choice == "auto" and (parser is None or not ctx.settings.enable_auto_tool_choice):
+        raise BadRequest(
+            '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set '
+            "(tool_choice defaults to auto when tools are given).",
+            param="tool_choice",
+        )
+    if parser is None:
+        from vllite.plugin_manager import resolve_component
+
+        parser = resolve_component("tool_parsers", REQUIRED_FALLBACK_PARSER)
+    return ParsedToolMode(template_tools, parser)
+
+
+def _check_parameters(parameters: dict[str, Any] | None, index: int) -> None:
+    """A function's ``parameters`` must be a JSON schema of an object."""
+    if parameters is None:
+        return
+    where = f"tools[{index}].function.parameters"
+    kind = parameters.get("type", "object")
+    if kind != "object":
+        raise BadRequest(f"{where} must be a JSON schema of type 'object', got type {kind!r}.", param="tools")
+    properties = parameters.get("properties", {})
+    if not isinstance(properties, dict) or not all(isinstance(v, dict) for v in properties.values()):
+        raise BadRequest(f"{where}.properties must map each parameter name to a schema object.", param="tools")
+    required = parameters.get("required", [])
+    if not isinstance(required, list) or not set(required) <= set(properties):
+        raise BadRequest(f"{where}.required must list names defined in properties.", param="tools")

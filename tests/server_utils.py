@@ -1,0 +1,79 @@
+"""Start a real ``vllite serve`` process on loopback (an ephemeral port) for tests; stop it with SIGINT."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+
+FORCED_SEQUENCE = "vllite.testing.logitsprocs:ForcedSequenceLogitsProcessor"
+_READY = re.compile(r"vllite: serving .* on (http://\S+) ")
+
+
+class RemoteServer:
+    """``vllite serve ARGS --port 0`` in a child process; ``url`` (``http://127.0.0.1:PORT``) once it is ready.
+
+    The child's output is collected in ``log`` (and echoed on failure). ``stop()`` sends SIGINT and waits.
+    """
+
+    def __init__(self, args: Sequence[str] = (), *, env: dict[str, str] | None = None, timeout_s: float = 120.0):
+        command = [sys.executable, "-m", "vllite.cli", "serve", "--port", "0", "--disable-uvicorn-access-log", *args]
+        self.process = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+        self.log: list[str] = []
+        self.url = self._wait_ready(timeout_s)
+        self._reader = threading.Thread(target=self._drain, daemon=True)
+        self._reader.start()
+
+    def _wait_ready(self, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        assert self.process.stdout is not None
+        while time.monotonic() < deadline:
+            line = self.process.stdout.readline()
+            if not line:
+                break
+            self.log.append(line)
+            match = _READY.search(line)
+            if match:
+                return match.group(1)
+        self.process.kill()
+        self.process.wait()
+        raise RuntimeError("vllite serve did not start:\n" + "".join(self.log[-40:]))
+
+    def _drain(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.log.append(line)
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI client's ``base_url``."""
+        return self.url + "/v1"
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        """SIGINT, then wait for the exit (kill after ``timeout_s``); returns the exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._reader.join(5)
+        return self.process.returncode
+
+    def __enter__(self) -> RemoteServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
