@@ -144,6 +144,7 @@ async def _serve(ctx: ServerContext, sock: socket.socket, args: argparse.Namespa
     from vllite.plugins.openai_server.app import build_app
 
     app = build_app(ctx)
+    _log_to_stderr(args.uvicorn_log_level)
     config = uvicorn.Config(
         app,
         log_level=args.uvicorn_log_level,
@@ -173,6 +174,9 @@ def _graceful_server(config: Any, ctx: ServerContext, grace_s: float) -> Any:
         def handle_exit(self, sig: int, frame: Any) -> None:
             first = not self.should_exit
             super().handle_exit(sig, frame)
+            # uvicorn re-raises captured signals once it has stopped, which would kill this process before the
+            # engine is shut down; the shutdown is handled here, so the process exits normally instead.
+            self._captured_signals.clear()
             if first:
                 loop.call_soon_threadsafe(loop.call_later, grace_s, _abort_all, ctx)
 
@@ -188,3 +192,16 @@ def _abort_all(ctx: ServerContext) -> None:
 
 
 _pending: set[asyncio.Future] = set()  # keeps the abort task alive until it has run
+
+
+def _log_to_stderr(level: str) -> None:
+    """The server's own log lines (accepted and aborted requests) go to stderr at uvicorn's level."""
+    import logging
+
+    server_logger = logging.getLogger("vllite.server")
+    if not server_logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [vllite.server] %(message)s"))
+        server_logger.addHandler(handler)
+        server_logger.propagate = False
+    server_logger.setLevel(logging.getLevelName(level.upper()) if level != "trace" else logging.DEBUG)

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from vllite.outputs import RequestOutput
 from vllite.plugins.openai_server.sampling import BadRequest
 from vllite.sampling_params import SamplingParams
+
+logger = logging.getLogger("vllite.server")
 
 
 class Submitted:
@@ -65,6 +68,7 @@ class Submitted:
         task being cancelled)."""
         if self.unfinished:
             request_ids, self.unfinished = sorted(self.unfinished), set()
+            logger.info("Aborted request(s) %s: the response ended before they finished", ", ".join(request_ids))
             with contextlib.suppress(Exception):
                 await self.engine.abort(request_ids)
 
