@@ -1,12 +1,14 @@
 """Agent-trace replay: jobs of multi-turn LLM calls separated by tool calls, against one scheduler at one load.
 
-One event loop serves two backends:
+One event loop serves three backends:
 
 - :class:`SimBackend` — ``EngineCore`` with the simulated executor (``vllite.policies.sim_executor``) on a
   :class:`SimClock` it shares with the scheduler. Discrete-event: each engine step advances virtual time by its
   modelled cost; job arrivals and tool completions are delivered when the clock reaches them; when the engine is
   idle the clock jumps to the next event. Paper-scale workloads replay in minutes of CPU time.
 - :class:`RealBackend` — ``LLMEngine`` with a real (small) model, in wall time; tool calls are real delays.
+- :class:`~vllite.policies.agent_http.HttpBackend` — a live OpenAI-compatible server (``vllite serve``, vLLM)
+  over HTTP, in wall time; the scheduler is whatever the server runs.
 
 Each turn's prompt is the job's history (earlier prompts and the outputs the engine actually produced) plus the
 turn's new tokens, so prefix caching sees what it would see in an agent; output lengths are forced with
@@ -22,7 +24,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from vllite.exceptions import BenchReplayError
 from vllite.policies.traces import Job
@@ -84,6 +86,26 @@ class SchedulerTimer:
 
 
 # ---------------------------------------------------------------------------------------------- backends
+class ReplayBackend(Protocol):
+    """What :func:`replay` drives: :class:`SimBackend`, :class:`RealBackend`, or
+    :class:`~vllite.policies.agent_http.HttpBackend` (a live server).
+
+    ``virtual`` backends report new tokens per step and have a clock that :meth:`wait_until` jumps; wall-time
+    backends report each request's cumulative tokens.
+    """
+
+    virtual: bool
+    vocab_size: int
+
+    def now(self) -> float: ...
+    def submit(self, request_id: str, prompt: list[int], params: SamplingParams) -> None: ...
+    def has_work(self) -> bool: ...
+    def step(self) -> tuple[StepEvents, bool]: ...
+    def wait_until(self, when: float) -> None: ...
+    def idle_tick(self) -> None: ...
+    def shutdown(self) -> None: ...
+
+
 class SimBackend:
     """``EngineCore`` over the ``sim`` executor; time is the shared virtual clock."""
 
@@ -243,7 +265,7 @@ def turn_params(job: Job, index: int) -> SamplingParams:
 def replay(
     jobs: Sequence[Job],
     arrivals: Sequence[float],
-    backend: SimBackend | RealBackend,
+    backend: ReplayBackend,
     *,
     tool_time_scale: float = 1.0,
     seed: int = 0,

@@ -4,7 +4,8 @@
 :func:`run_one`, which collects a :class:`RunResult` per replay; :func:`write_report` writes ``results.json``,
 ``results.csv`` (one :meth:`RunResult.summary` row per replay, with :func:`speedups` against FCFS), the measured
 step profile of real-engine runs and ``jct_vs_load.png`` (:func:`plot_jct`). The replay itself (event loop and
-backends) is :mod:`vllite.policies.agent_bench`.
+backends) is :mod:`vllite.policies.agent_bench`; a live server (``engine`` an ``http(s)://`` URL) is
+:mod:`vllite.policies.agent_http`, whose figures the server does not export are ``None`` in the rows.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllite.policies.agent_bench import RealBackend, SimBackend, replay
+from vllite.policies.agent_http import HttpBackend, is_http_engine
 from vllite.policies.traces import Job
 
 logger = logging.getLogger(__name__)
@@ -35,7 +37,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 # ---------------------------------------------------------------------------------------------- results
 @dataclass
 class RunResult:
-    """One replay: per-job completion times and the engine's figures."""
+    """One replay: per-job completion times and the engine's figures (``None``: not visible to the backend)."""
 
     scheduler: str
     workload: str
@@ -44,13 +46,13 @@ class RunResult:
     makespan_s: float = 0.0
     num_jobs: int = 0
     num_requests: int = 0
-    prefix_hit_rate: float = 0.0
-    preemptions: int = 0
-    steps: int = 0
-    sched_ms_per_step: float = 0.0
-    sched_cpu_ms_per_step: float = 0.0
+    prefix_hit_rate: float | None = 0.0
+    preemptions: int | None = 0
+    steps: int | None = 0
+    sched_ms_per_step: float | None = 0.0
+    sched_cpu_ms_per_step: float | None = 0.0
     wall_s: float = 0.0
-    num_gpu_blocks: int = 0
+    num_gpu_blocks: int | None = 0
     profile: list[dict[str, float]] = field(default_factory=list)  # real engine: measured step times
 
     def summary(self) -> dict[str, Any]:
@@ -78,10 +80,24 @@ class RunResult:
         }
 
 
+def _engine_figures(backend: SimBackend | RealBackend) -> dict[str, Any]:
+    """Prefix-cache hit rate, preemptions and scheduler time of an in-process engine since its warm-up."""
+    sched = backend.scheduler
+    stats = sched.kv_cache_manager.prefix_cache_stats
+    queries, hits = stats.queries - backend.hit_baseline[0], stats.hits - backend.hit_baseline[1]
+    return {
+        "prefix_hit_rate": hits / queries if queries else 0.0,
+        "preemptions": sched.num_preemptions_total,
+        "steps": backend.timer.steps,
+        "sched_ms_per_step": backend.timer.ms_per_step,
+        "sched_cpu_ms_per_step": backend.timer.cpu_ms_per_step,
+    }
+
+
 def run_one(
     jobs: Sequence[Job],
     arrivals: Sequence[float],
-    backend: SimBackend | RealBackend,
+    backend: SimBackend | RealBackend | HttpBackend,
     *,
     scheduler: str,
     workload: str,
@@ -93,9 +109,7 @@ def run_one(
     wall = time.perf_counter()
     try:
         jct, makespan = replay(jobs, arrivals, backend, tool_time_scale=tool_time_scale, seed=seed)
-        sched = backend.scheduler
-        stats = sched.kv_cache_manager.prefix_cache_stats
-        queries, hits = stats.queries - backend.hit_baseline[0], stats.hits - backend.hit_baseline[1]
+        figures = backend.engine_figures() if isinstance(backend, HttpBackend) else _engine_figures(backend)
         return RunResult(
             scheduler=scheduler,
             workload=workload,
@@ -104,12 +118,8 @@ def run_one(
             makespan_s=makespan,
             num_jobs=len(jobs),
             num_requests=sum(len(j.turns) for j in jobs),
-            prefix_hit_rate=hits / queries if queries else 0.0,
-            preemptions=sched.num_preemptions_total,
-            steps=backend.timer.steps,
-            sched_ms_per_step=backend.timer.ms_per_step,
-            sched_cpu_ms_per_step=backend.timer.cpu_ms_per_step,
             wall_s=time.perf_counter() - wall,
+            **figures,
             num_gpu_blocks=backend.num_gpu_blocks,
         )
     finally:
@@ -121,8 +131,8 @@ def run_one(
 class BenchSettings:
     """One benchmark: the engine shape and KV budget every scheduler gets, and how to replay."""
 
-    engine: str = "sim"  # "sim" (virtual time) or "real" (a model, wall time)
-    model: str | None = None  # real engine: model folder (default: the demo model)
+    engine: str = "sim"  # "sim" (virtual time), "real" (a model, wall time) or a server's http(s):// URL
+    model: str | None = None  # real engine: model folder (default: the demo model); server: the model's name
     num_gpu_blocks: int | None = None  # KV budget in blocks; None = kv_cache_gib (sim) / measured (real)
     kv_cache_gib: float | None = None  # sim: simulated KV memory
     block_size: int = 16
@@ -134,6 +144,8 @@ class BenchSettings:
     tool_call_estimator: str | None = None
     tool_time_scale: float = 1.0
     seed: int = 0
+    vocab_size: int | None = None  # server: random prompt token ids below this (default: the demo model's)
+    api_key: str | None = field(default=None, repr=False)  # server: bearer token (never written to the report)
 
 
 def _engine_args(settings: BenchSettings, scheduler: str, max_model_len: int, **engine: Any) -> Any:
@@ -183,6 +195,32 @@ def make_real_args(settings: BenchSettings, scheduler: str, max_context: int) ->
     return _engine_args(settings, scheduler, max_context, model=settings.model)
 
 
+def make_backend(settings: BenchSettings, scheduler: str, max_context: int) -> SimBackend | RealBackend | HttpBackend:
+    """The backend of one replay: a fresh engine (sim, real) for ``scheduler``, or the server (``scheduler`` is
+    then only a label: the server runs the scheduler it was started with)."""
+    if settings.engine == "sim":
+        return SimBackend(make_sim_config(settings, scheduler, max_context))
+    if settings.engine == "real":
+        return RealBackend(make_real_args(settings, scheduler, max_context))
+    if not is_http_engine(settings.engine):
+        raise ValueError(f"engine must be 'sim', 'real' or an http(s):// URL, got {settings.engine!r}.")
+    backend = HttpBackend(
+        settings.engine, model=settings.model, api_key=settings.api_key, vocab_size=settings.vocab_size
+    )
+    if backend.max_model_len is not None and max_context > backend.max_model_len:
+        backend.shutdown()
+        raise ValueError(
+            f"The trace needs {max_context} tokens of context; the server's model takes {backend.max_model_len} "
+            "(shrink it with --token-scale)."
+        )
+    return backend
+
+
+def _fmt(value: Any, spec: str) -> str:
+    """``value`` formatted with ``spec``, or ``n/a`` where the backend could not see it."""
+    return "n/a" if value is None else format(value, spec)
+
+
 def run_sweep(
     workloads: Mapping[str, Sequence[Job]],
     loads: Sequence[float],
@@ -191,9 +229,17 @@ def run_sweep(
     *,
     log: Callable[[str], None] = print,
 ) -> list[RunResult]:
-    """Every (workload, load, scheduler), with the same jobs and Poisson arrivals for every scheduler."""
+    """Every (workload, load, scheduler), with the same jobs and Poisson arrivals for every scheduler.
+
+    Against a server (``settings.engine`` a URL) give one scheduler: its name labels the rows.
+    """
     from vllite.policies.traces import poisson_arrivals
 
+    if is_http_engine(settings.engine) and len(schedulers) != 1:
+        raise ValueError(
+            "A server runs one scheduler: give one --schedulers label per replay (restart the server with another "
+            "--scheduler-cls and replay again to compare)."
+        )
     results: list[RunResult] = []
     for workload, jobs in workloads.items():
         max_context = max(j.max_context for j in jobs)
@@ -201,12 +247,7 @@ def run_sweep(
             drawn = poisson_arrivals(len(jobs), jps, seed=settings.seed)
             arrivals = [j.arrival_s if j.arrival_s is not None else t for j, t in zip(jobs, drawn)]
             for scheduler in schedulers:
-                if settings.engine == "sim":
-                    backend: SimBackend | RealBackend = SimBackend(make_sim_config(settings, scheduler, max_context))
-                elif settings.engine == "real":
-                    backend = RealBackend(make_real_args(settings, scheduler, max_context))
-                else:
-                    raise ValueError(f"engine must be 'sim' or 'real', got {settings.engine!r}.")
+                backend = make_backend(settings, scheduler, max_context)
                 profile = getattr(backend, "profile", None)
                 result = run_one(
                     jobs,
@@ -223,9 +264,10 @@ def run_sweep(
                 row = result.summary()
                 log(
                     f"{workload:>6} jps={jps:<7g} {scheduler:>10}: avg JCT {row['avg_jct_s']:9.2f} s  "
-                    f"p90 {row['p90_jct_s']:9.2f}  p95 {row['p95_jct_s']:9.2f}  hit {row['prefix_hit_rate']:.3f}  "
-                    f"preempt {row['preemptions']:6d}  sched {row['sched_ms_per_step']:.3f} ms/step "
-                    f"({row['sched_cpu_ms_per_step']:.3f} CPU)  "
+                    f"p90 {row['p90_jct_s']:9.2f}  p95 {row['p95_jct_s']:9.2f}  "
+                    f"hit {_fmt(row['prefix_hit_rate'], '.3f')}  preempt {_fmt(row['preemptions'], '6d')}  "
+                    f"sched {_fmt(row['sched_ms_per_step'], '.3f')} ms/step "
+                    f"({_fmt(row['sched_cpu_ms_per_step'], '.3f')} CPU)  "
                     f"({row['wall_s']:.1f} s wall)"
                 )
     return results
@@ -239,8 +281,16 @@ REPORT_FIELDS = (
 )  # fmt: skip
 
 
+def _ratio(value: float | None, base: float | None) -> float | None:
+    """``value / base``; 0.0 for a zero base (as before), None when either is unknown."""
+    if value is None or base is None:
+        return None
+    return value / base if base else 0.0
+
+
 def speedups(rows: Sequence[dict[str, Any]], baseline: str = "fcfs") -> list[dict[str, Any]]:
-    """Per (workload, load, scheduler != baseline): baseline avg JCT / scheduler avg JCT, and sched-time ratio."""
+    """Per (workload, load, scheduler != baseline): baseline avg JCT / scheduler avg JCT, and sched-time ratio
+    (``None`` where either run has no scheduler time, e.g. replays against a server)."""
     base = {(r["workload"], r["jps"]): r for r in rows if r["scheduler"] == baseline}
     out = []
     for r in rows:
@@ -250,12 +300,19 @@ def speedups(rows: Sequence[dict[str, Any]], baseline: str = "fcfs") -> list[dic
         out.append({
             "workload": r["workload"], "jps": r["jps"], "scheduler": r["scheduler"],
             "jct_speedup": b["avg_jct_s"] / r["avg_jct_s"],
-            "sched_time_ratio": r["sched_ms_per_step"] / b["sched_ms_per_step"] if b["sched_ms_per_step"] else 0.0,
-            "sched_cpu_ratio": (
-                r["sched_cpu_ms_per_step"] / b["sched_cpu_ms_per_step"] if b["sched_cpu_ms_per_step"] else 0.0
-            ),
+            "sched_time_ratio": _ratio(r["sched_ms_per_step"], b["sched_ms_per_step"]),
+            "sched_cpu_ratio": _ratio(r["sched_cpu_ms_per_step"], b["sched_cpu_ms_per_step"]),
         })  # fmt: skip
     return out
+
+
+def _settings_dict(settings: BenchSettings) -> dict[str, Any]:
+    """The settings for the report, without the API key."""
+    import dataclasses
+
+    values = dataclasses.asdict(settings)
+    values.pop("api_key", None)
+    return values
 
 
 def write_report(
@@ -266,7 +323,6 @@ def write_report(
     Returns the paths written. Without matplotlib the plot is skipped with a warning (install ``vllite[bench]``).
     """
     import csv
-    import dataclasses
     import json
     from pathlib import Path
 
@@ -277,7 +333,7 @@ def write_report(
     payload = {
         "rows": rows,
         "speedups": speedups(rows),
-        "settings": dataclasses.asdict(settings) if settings else None,
+        "settings": _settings_dict(settings) if settings else None,
     }
     (directory / "results.json").write_text(json.dumps(payload, indent=2), encoding="utf-8")
     paths["json"] = str(directory / "results.json")

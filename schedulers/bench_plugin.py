@@ -4,8 +4,10 @@ Only this module loads at start-up: the simulator and the trace replay (``sim_ex
 ``agent_bench``, ``agent_report``) are imported when ``--device sim`` or ``vllite bench agent`` runs.
 
 ``vllite bench agent`` replays agent traces (``vllite.policies.traces``) against several schedulers on the same
-KV budget, on the simulated executor (virtual time, default) or a real model (wall time), and writes
-``results.json``, ``results.csv`` and ``jct_vs_load.png``. See ``docs/agent-bench.md``.
+KV budget, on the simulated executor (virtual time, default), a real model (wall time) or a live server
+(``--engine http://HOST:PORT``, wall time, the server's scheduler), and writes ``results.json``, ``results.csv``
+and ``jct_vs_load.png``. See ``docs/agent-bench.md``. ``vllite bench serve`` load-tests an OpenAI-compatible
+server (``vllite.plugins.openai_server.bench``).
 """
 
 from __future__ import annotations
@@ -49,10 +51,20 @@ def _names(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
+def _engine(text: str) -> str:
+    if text in ("sim", "real") or text.startswith(("http://", "https://")):
+        return text
+    raise argparse.ArgumentTypeError(f"expected sim, real or an http(s)://HOST:PORT server URL, got {text!r}")
+
+
+def _ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
 class AgentBench:
     """``vllite bench agent``: trace replay, JCT / P90 / P95 / jobs/s / hit rate / preemptions / scheduler time."""
 
-    help = "Replay multi-turn agent traces against schedulers (simulated or real engine)."
+    help = "Replay multi-turn agent traces against schedulers (simulated, real engine, or a live server)."
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         add = parser.add_argument
@@ -66,9 +78,26 @@ class AgentBench:
             help="Multiply the synthetic workloads' token lengths and max context (e.g. 0.03 fits 1024 tokens).",
         )
         add("--jps", type=_floats, default=[0.05], help="Loads in jobs per second, comma-separated.")
-        add("--schedulers", type=_names, default=["fcfs", "continuum"], help="Registered names or class paths.")
-        add("--engine", choices=("sim", "real"), default="sim", help="Simulated executor or a real model.")
-        add("--model", default=None, help="Real engine: model folder (default: the demo model).")
+        add(
+            "--schedulers",
+            type=_names,
+            default=None,
+            help="Registered names or class paths (default fcfs,continuum). With a server: one label for the "
+            "scheduler it runs (default: server).",
+        )
+        add(
+            "--engine",
+            type=_engine,
+            default="sim",
+            help="sim (simulated executor, default), real (a model in-process) or a server's http(s)://HOST:PORT.",
+        )
+        add(
+            "--model",
+            default=None,
+            help="Real engine: model folder (default: the demo model). Server: the model name (default: its first).",
+        )
+        add("--vocab-size", type=int, default=None, help="Server: prompt token ids below this (default: demo model).")
+        add("--api-key", default=None, help="Server: bearer token (default: $OPENAI_API_KEY, then $VLLITE_API_KEY).")
         add("--num-gpu-blocks", type=int, default=None, help="KV budget in blocks (same for every scheduler).")
         add("--kv-cache-gib", type=float, default=None, help="Sim: simulated KV memory (Llama-8B bytes/token).")
         add("--block-size", type=int, default=16)
@@ -119,27 +148,48 @@ class AgentBench:
             tool_call_estimator=args.tool_call_estimator,
             tool_time_scale=args.tool_time_scale,
             seed=args.seed,
+            vocab_size=args.vocab_size,
+            api_key=args.api_key,
         )
-        results = run_sweep(workloads, args.jps, args.schedulers, settings)
+        schedulers = args.schedulers or (["server"] if args.engine not in ("sim", "real") else ["fcfs", "continuum"])
+        results = run_sweep(workloads, args.jps, schedulers, settings)
         paths = write_report(results, args.output_dir, settings=settings, plot=not args.no_plot)
         for row in speedups([r.summary() for r in results]):
             print(
                 f"{row['workload']:>6} jps={row['jps']:<7g} {row['scheduler']:>10}: avg JCT {row['jct_speedup']:.2f}x "
-                f"lower than fcfs; scheduler time {row['sched_time_ratio']:.2f}x fcfs's "
-                f"(CPU {row['sched_cpu_ratio']:.2f}x)"
+                f"lower than fcfs; scheduler time {_ratio(row['sched_time_ratio'])} fcfs's "
+                f"(CPU {_ratio(row['sched_cpu_ratio'])})"
             )
         for kind, path in paths.items():
             print(f"wrote {kind}: {path}")
         return 0
 
 
-class BenchCommand:
-    """``vllite bench``: benchmark subcommands (``agent``)."""
+class ServeBench:
+    """``vllite bench serve``: load on an OpenAI-compatible server. Its flags are
+    :mod:`vllite.plugins.openai_server.bench_config` (standard library only); the run, with asyncio and aiohttp,
+    is imported only when the command runs."""
 
-    help = "Benchmarks (agent: multi-turn agent trace replay)."
+    help = "Load-test an OpenAI-compatible server (vllite serve, vLLM): throughput, TTFT, TPOT, ITL, latency."
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        from vllite.plugins.openai_server.bench_config import add_bench_arguments
+
+        add_bench_arguments(parser)
+
+    def run(self, args: argparse.Namespace) -> int:
+        from vllite.plugins.openai_server.bench_config import run_bench_command
+
+        return run_bench_command(args)
+
+
+class BenchCommand:
+    """``vllite bench``: benchmark subcommands (``agent``, ``serve``)."""
+
+    help = "Benchmarks (agent: multi-turn agent trace replay; serve: load on an OpenAI-compatible server)."
 
     def __init__(self) -> None:
-        self.subcommands = {"agent": AgentBench()}
+        self.subcommands: dict[str, AgentBench | ServeBench] = {"agent": AgentBench(), "serve": ServeBench()}
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         sub = parser.add_subparsers(dest="bench_command", metavar="BENCHMARK", required=True)
