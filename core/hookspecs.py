@@ -99,11 +99,15 @@ def vllite_register_tool_call_estimators(register: Register) -> None:
 
 @hookspec
 def vllite_register_tool_parsers(register: Register) -> None:
-    """Contribute tool-call parsers: given a finished turn's text, name the tool it calls.
+    """Contribute tool-call parsers: given a turn's text, name the tool it calls and extract its calls.
 
     When: once, when a scheduler or server needs tool parsing.
-    Receives: ``register(name, cls)``; ``cls().parse(text) -> str | None``.
-    Returns: nothing. Not firstresult. Hot path: no.
+    Receives: ``register(name, cls)``; ``cls()`` must have ``parse(text) -> str | None`` (the tool's name, for the
+    Continuum scheduler). For ``vllite serve --tool-call-parser`` it also needs ``extract(text) ->
+    ExtractedToolCalls`` and ``stream() -> ToolCallStream`` (see ``vllite.policies.tool_call_extraction``: the
+    content outside the calls and each call's name and JSON arguments; a stream's ``feed`` and ``finish`` agree
+    with ``extract`` however the text is split).
+    Returns: nothing. Not firstresult. Hot path: no (a stream's ``feed`` runs once per streamed delta).
     """
 
 
