@@ -56,8 +56,8 @@ def wait_for(predicate, timeout_s: float = 10.0) -> bool:
 
 @pytest.fixture(scope="module")
 def server():
-    args = ["--served-model-name", "demo", "--max-model-len", "512", "--max-num-seqs", "64", "--num-gpu-blocks-override",
-            "2048", "--uvicorn-log-level", "info"]  # fmt: skip
+    args = ["--served-model-name", "demo", "--max-model-len", "512", "--max-num-seqs", "64",
+            "--num-gpu-blocks-override", "2048", "--uvicorn-log-level", "info"]  # fmt: skip
     with RemoteServer(args) as remote:
         yield remote
 
@@ -137,7 +137,9 @@ def test_metrics_count_requests_and_tokens(server):
     before_e2e = metric(server, "vllite:e2e_request_latency_seconds_count")
     with openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0) as client:
         responses = [
-            client.completions.create(model="demo", prompt=f"metrics {i}", max_tokens=5, extra_body={"ignore_eos": True})
+            client.completions.create(
+                model="demo", prompt=f"metrics {i}", max_tokens=5, extra_body={"ignore_eos": True}
+            )
             for i in range(3)
         ]
     prompt_tokens = sum(r.usage.prompt_tokens for r in responses)

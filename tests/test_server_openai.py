@@ -304,3 +304,16 @@ def test_continuum_fields_reach_extra_args():
     assert params.extra_args == {"k": 1, "job_id": "7", "is_last_step": False, "this_func_call": "ls"}
     chat = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], vllm_xargs={"job_id": "j1"})
     assert build_sampling_params(chat, {}, max_tokens=4, logprobs=None).extra_args == {"job_id": "j1"}
+
+
+def test_a_parser_that_only_names_tools_is_refused_at_start(monkeypatch):
+    import vllite.plugin_manager as plugin_manager
+    from vllite.plugins.openai_server.context import resolve_tool_parser
+
+    class NameOnly:
+        def parse(self, text):
+            return None
+
+    monkeypatch.setattr(plugin_manager, "resolve_component", lambda kind, name: NameOnly)
+    with pytest.raises(ValueError, match="only names tools"):
+        resolve_tool_parser("name-only")

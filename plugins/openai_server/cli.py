@@ -67,9 +67,9 @@ def server_settings(args: argparse.Namespace, model_path: str) -> ServerSettings
     if args.enable_auto_tool_choice and not args.tool_call_parser:
         raise ValueError("--enable-auto-tool-choice needs --tool-call-parser NAME.")
     if args.tool_call_parser:
-        from vllite.plugin_manager import resolve_component
+        from vllite.plugins.openai_server.context import resolve_tool_parser
 
-        resolve_component("tool_parsers", args.tool_call_parser)  # an unknown name fails here, listing the known
+        resolve_tool_parser(args.tool_call_parser)  # an unknown or name-only parser fails here, before the engine
     if args.max_log_len is not None and args.max_log_len < 0:
         raise ValueError(f"--max-log-len must be >= 0, got {args.max_log_len}.")
     if args.shutdown_timeout < 0:

@@ -49,7 +49,7 @@ class ServerContext:
         self.max_logprobs = engine.config.model_config.max_logprobs
         self.model_root = engine.config.model_config.model
         self.model_defaults: dict[str, Any] = dict(engine.frontend.default_sampling_fields)
-        self.tool_parser_class = _resolve_tool_parser(settings.tool_call_parser)
+        self.tool_parser_class = resolve_tool_parser(settings.tool_call_parser)
 
     @property
     def model_name(self) -> str:
@@ -72,9 +72,17 @@ class ServerContext:
         logger.info("Received request %s: prompt: %r, params: %s", request_id, prompt, params)
 
 
-def _resolve_tool_parser(name: str | None) -> type | None:
+def resolve_tool_parser(name: str | None) -> type | None:
+    """The registered tool parser ``name`` (``None``: none); ``ValueError`` if it cannot extract calls."""
     if name is None:
         return None
     from vllite.plugin_manager import resolve_component
 
-    return resolve_component("tool_parsers", name)
+    parser = resolve_component("tool_parsers", name)
+    missing = [method for method in ("extract", "stream") if not callable(getattr(parser, method, None))]
+    if missing:
+        raise ValueError(
+            f"--tool-call-parser {name!r} only names tools (it has no {' / '.join(missing)}), so it cannot "
+            "return tool calls; the server needs a parser with extract() and stream() (see docs/plugins.md)."
+        )
+    return parser

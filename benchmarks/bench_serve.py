@@ -1,0 +1,178 @@
+"""Serving benchmarks, each side measured in the same run, alternating, medians reported.
+
+``overhead``: the server's own cost. The same load (random-token prompts, ``ignore_eos``, all sent at once) runs
+through ``AsyncLLM`` in-process and through ``vllite serve`` with HTTP streaming (``vllite bench serve``'s
+client); output tokens/s of both, and their ratio.
+
+``peer``: ``vllite serve`` against vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server`` run by
+``--vllm-python``) on the same model and load: throughput and TTFT / TPOT percentiles of both.
+
+    python benchmarks/bench_serve.py overhead --rounds 3
+    python benchmarks/bench_serve.py peer --vllm-python /tmp/vllm-venv/bin/python --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from tests.server_utils import RemoteServer
+from vllite.plugins.openai_server.bench import bench_serve, demo_vocab_size
+from vllite.plugins.openai_server.bench_config import ServeBenchConfig
+from vllite.plugins.openai_server.bench_requests import RandomDataset
+
+
+def load_config(args: argparse.Namespace, base_url: str, model: str | None = None) -> ServeBenchConfig:
+    return ServeBenchConfig(
+        base_url=base_url,
+        model=model,
+        num_prompts=args.num_prompts,
+        request_rate=args.request_rate,
+        random_input_len=args.input_len,
+        random_output_len=args.output_len,
+        vocab_size=args.vocab_size,
+        seed=args.seed,
+    )
+
+
+def in_process_tokens_per_s(engine, args: argparse.Namespace) -> float:
+    """Output tokens/s of the load through ``AsyncLLM`` (DELTA streams, read as they come)."""
+    from vllite import SamplingParams
+    from vllite.sampling_params import RequestOutputKind
+
+    dataset = RandomDataset(args.input_len, args.output_len, vocab_size=args.vocab_size, seed=args.seed)
+    requests = [dataset[i] for i in range(args.num_prompts)]
+
+    async def one(i: int) -> int:
+        request = requests[i]
+        params = SamplingParams(
+            max_tokens=request.max_tokens, temperature=0.0, ignore_eos=True, output_kind=RequestOutputKind.DELTA
+        )
+        count = 0
+        async for out in engine.generate(request.prompt, params, f"bench-{time.monotonic_ns()}-{i}"):
+            count += len(out.outputs[0].token_ids)
+        return count
+
+    async def run() -> float:
+        await one(0)  # warm-up, as bench serve does
+        start = time.perf_counter()
+        counts = await asyncio.gather(*[one(i) for i in range(args.num_prompts)])
+        return sum(counts) / (time.perf_counter() - start)
+
+    return asyncio.run(run())
+
+
+def engine_flags(args: argparse.Namespace) -> list[str]:
+    flags = ["--dtype", "float32", "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs)]
+    return ([args.model] if args.model else []) + flags
+
+
+def overhead(args: argparse.Namespace) -> dict:
+    from vllite.plugins.engine_proc.async_llm import AsyncLLM
+
+    http, inproc = [], []
+    for _ in range(args.rounds):
+        engine = AsyncLLM(
+            model=args.model, dtype="float32", max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs
+        )
+        try:
+            inproc.append(in_process_tokens_per_s(engine, args))
+        finally:
+            engine.shutdown()
+        with RemoteServer([*engine_flags(args), "--uvicorn-log-level", "warning"]) as server:
+            http.append(bench_serve(load_config(args, server.url), log=lambda _: None)["output_throughput"])
+        print(f"round: in-process {inproc[-1]:.1f} tok/s, HTTP streaming {http[-1]:.1f} tok/s", flush=True)
+    result = {
+        "in_process_tok_s": statistics.median(inproc),
+        "http_tok_s": statistics.median(http),
+        "rounds": {"in_process": inproc, "http": http},
+    }
+    result["ratio"] = result["http_tok_s"] / result["in_process_tok_s"]
+    return result
+
+
+def _start_vllm(args: argparse.Namespace, port: int):
+    import subprocess
+    import urllib.request
+
+    from vllite.assets import default_model_path
+
+    model = args.model or str(default_model_path())
+    command = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--dtype", "float32",
+               "--port", str(port), "--served-model-name", "bench", "--max-model-len", str(args.max_model_len),
+               "--max-num-seqs", str(args.max_num_seqs), "--disable-uvicorn-access-log"]  # fmt: skip
+    log = open(Path(args.output_dir) / "vllm-server.log", "w")  # noqa: SIM115
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"vLLM's server exited; see {log.name}")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+            return process
+        except OSError:
+            time.sleep(1)
+    process.kill()
+    raise RuntimeError("vLLM's server did not start in 600 s")
+
+
+def peer(args: argparse.Namespace) -> dict:
+    rows: dict[str, list[dict]] = {"vllite": [], "vllm": []}
+    vllm = _start_vllm(args, args.vllm_port)
+    try:
+        with RemoteServer([*engine_flags(args), "--uvicorn-log-level", "warning"]) as server:
+            for _ in range(args.rounds):
+                for name, url in (("vllite", server.url), ("vllm", f"http://127.0.0.1:{args.vllm_port}")):
+                    figures = bench_serve(load_config(args, url), log=lambda _: None)
+                    rows[name].append(figures)
+                    print(
+                        f"{name}: {figures['output_throughput']:.1f} tok/s, TTFT p50 {figures['median_ttft_ms']:.0f} "
+                        f"ms, TPOT p50 {figures['median_tpot_ms']:.1f} ms, failed {figures['failed']}",
+                        flush=True,
+                    )
+    finally:
+        vllm.terminate()
+        vllm.wait(60)
+    keys = ["output_throughput", "request_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms"]
+    summary = {name: {k: statistics.median(r[k] for r in runs) for k in keys} for name, runs in rows.items()}
+    summary["throughput_ratio_vllite_over_vllm"] = (
+        summary["vllite"]["output_throughput"] / summary["vllm"]["output_throughput"]
+    )
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("mode", choices=["overhead", "peer"])
+    parser.add_argument("--model", default=None, help="Model folder (default: the demo model).")
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--request-rate", type=float, default=float("inf"))
+    parser.add_argument("--vocab-size", type=int, default=None)
+    parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--vllm-python", default=None, help="peer: the python that has vLLM installed.")
+    parser.add_argument("--vllm-port", type=int, default=8765)
+    parser.add_argument("--output-dir", default="bench-results/serve")
+    args = parser.parse_args()
+    args.vocab_size = args.vocab_size or demo_vocab_size()
+    Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+    if args.mode == "peer" and not args.vllm_python:
+        sys.exit("peer needs --vllm-python PATH (a python with vLLM installed)")
+    result = overhead(args) if args.mode == "overhead" else peer(args)
+    path = Path(args.output_dir) / f"{args.mode}.json"
+    path.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
