@@ -17,7 +17,9 @@ The hierarchy (a class in brackets is a second base, kept so that callers catchi
     │                                   KVCacheNotAllocatedError, DeviceUnavailableError, AttentionRoutingError
     ├── InternalStateError [RuntimeError] ── KVCacheStateError, BatchStateError
     ├── PluginHookError [RuntimeError], LogitsProcessorRowsError [RuntimeError]
-    └── BenchReplayError [RuntimeError]
+    ├── BenchReplayError [RuntimeError], ServeBenchError [RuntimeError]
+    └── the HTTP server's, one per status: BadRequestError [ValueError] (400), UnauthorizedError (401),
+        ModelNotFoundError (404), RequestFailedError (500)
 """
 
 from __future__ import annotations
@@ -177,3 +179,33 @@ class LogitsProcessorRowsError(VlliteError, RuntimeError):
 
 class BenchReplayError(VlliteError, RuntimeError):
     """The agent-bench replay cannot progress: jobs are unfinished with nothing in flight, or the engine stalled."""
+
+
+class ServeBenchError(VlliteError, RuntimeError):
+    """``vllite bench serve`` cannot run: the server is unreachable, lists no model, or fails the warm-up request."""
+
+
+# ---------------------------------------------------------------------------------------------- the HTTP server
+class BadRequestError(VlliteError, ValueError):
+    """A request the server rejects with HTTP 400; ``param`` names the offending field when there is one."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class ModelNotFoundError(VlliteError):
+    """The request names a model the server does not serve (HTTP 404)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"The model `{name}` does not exist.")
+        self.name = name
+
+
+class UnauthorizedError(VlliteError):
+    """A ``/v1`` request without the server's API key (HTTP 401)."""
+
+
+class RequestFailedError(VlliteError):
+    """A request the engine finished with an error (HTTP 500): a plugin failed on it, or its output could not be
+    processed. The engine goes on serving the others."""

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllite.exceptions import InternalStateError
 from vllite.policies.tool_call_scanners import PythonicHead
 
 logger = logging.getLogger(__name__)
@@ -164,7 +165,7 @@ class ToolCallStream:
     def feed(self, delta: str) -> str:
         """Adds ``delta`` to the turn; returns the content that is now safe to send (often ``""``)."""
         if self._result is not None:
-            raise RuntimeError("ToolCallStream.feed after finish")
+            raise InternalStateError("ToolCallStream.feed after finish")
         if not delta:
             return ""
         self.text = _append(self, "text", delta)

@@ -17,8 +17,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from vllite.exceptions import BadRequestError
 from vllite.plugins.openai_server.context import ServerContext
-from vllite.plugins.openai_server.errors import Unauthorized, classify, error_response
+from vllite.plugins.openai_server.errors import UnauthorizedError, classify, error_response
 from vllite.plugins.openai_server.event_stream import EventStream, EventStreamResponse
 from vllite.plugins.openai_server.protocol import (
     ChatCompletionRequest,
@@ -27,7 +28,6 @@ from vllite.plugins.openai_server.protocol import (
     TokenizeRequest,
 )
 from vllite.plugins.openai_server.responses import ModelCard, ModelList, encode
-from vllite.plugins.openai_server.sampling import BadRequest
 from vllite.version import __version__
 
 JSON = "application/json"
@@ -129,7 +129,7 @@ def _v1_router(ctx: ServerContext) -> APIRouter:
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), key.encode()):
-            raise Unauthorized("Invalid or missing API key: send 'Authorization: Bearer <key>'.")
+            raise UnauthorizedError("Invalid or missing API key: send 'Authorization: Bearer <key>'.")
 
     router = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)])
 
@@ -200,7 +200,7 @@ def _plain_router(ctx: ServerContext) -> APIRouter:
         vocab = ctx.engine.engine_info.vocab_size
         bad = [t for t in body.tokens if not 0 <= t < vocab]
         if bad:
-            raise BadRequest(f"Token ids out of vocabulary [0, {vocab}): {bad[:5]}.", param="tokens")
+            raise BadRequestError(f"Token ids out of vocabulary [0, {vocab}): {bad[:5]}.", param="tokens")
         return json_response({"prompt": ctx.tokenizer.decode(body.tokens)})
 
     return router
@@ -208,13 +208,13 @@ def _plain_router(ctx: ServerContext) -> APIRouter:
 
 def _need_tokenizer(ctx: ServerContext) -> None:
     if ctx.tokenizer is None:
-        raise BadRequest("This server was started without a tokenizer (--skip-tokenizer-init).")
+        raise BadRequestError("This server was started without a tokenizer (--skip-tokenizer-init).")
 
 
 def _tokenize(ctx: ServerContext, body: TokenizeRequest) -> list[int]:
     _need_tokenizer(ctx)
     if (body.prompt is None) == (body.messages is None):
-        raise BadRequest("Give exactly one of 'prompt' and 'messages'.", param="prompt")
+        raise BadRequestError("Give exactly one of 'prompt' and 'messages'.", param="prompt")
     if body.prompt is not None:
         return [int(t) for t in ctx.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)]
     from vllite.plugins.openai_server.chat_template import render_messages

@@ -24,7 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vllite.exceptions import VlliteError
+from vllite.exceptions import ServeBenchError
 from vllite.plugins.openai_server.bench_client import RequestResult, stream_request
 from vllite.plugins.openai_server.bench_config import ServeBenchConfig
 from vllite.plugins.openai_server.bench_metrics import format_table, summarize
@@ -35,10 +35,6 @@ if TYPE_CHECKING:
 
 #: One request may take this long (the whole run has no limit but ``--duration``).
 REQUEST_TIMEOUT_S = 6 * 3600
-
-
-class ServeBenchError(VlliteError, RuntimeError):
-    """The benchmark cannot run: the server is unreachable, lists no model, or fails the warm-up request."""
 
 
 def demo_vocab_size() -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+from vllite.exceptions import BadRequestError
 from vllite.outputs import CompletionOutput
 from vllite.plugins.openai_server.chat_template import render_messages
 from vllite.plugins.openai_server.context import ServerContext
@@ -37,7 +38,7 @@ from vllite.plugins.openai_server.responses import (
     UsageInfo,
     sse,
 )
-from vllite.plugins.openai_server.sampling import BadRequest, build_sampling_params, check_common_fields
+from vllite.plugins.openai_server.sampling import build_sampling_params, check_common_fields
 from vllite.plugins.openai_server.streams import Submitted, submit
 from vllite.plugins.openai_server.tool_choice import ToolMode, resolve_tool_mode
 
@@ -45,17 +46,17 @@ from vllite.plugins.openai_server.tool_choice import ToolMode, resolve_tool_mode
 async def create_chat_completion(
     ctx: ServerContext, request: ChatCompletionRequest
 ) -> ChatCompletionResponse | EventStream:
-    """The response body, or (``stream``) its SSE events; raises ``BadRequest`` before anything is submitted."""
+    """The response body, or (``stream``) its SSE events; raises ``BadRequestError`` before anything is submitted."""
     model = ctx.check_model(request.model)
     check_common_fields(request, max_logprobs=ctx.max_logprobs)
     if request.response_format is not None and request.response_format.type != "text":
-        raise BadRequest(
+        raise BadRequestError(
             f"response_format {request.response_format.type!r} needs structured outputs, which this server does not "
             "support yet; use {'type': 'text'}.",
             param="response_format",
         )
     if request.top_logprobs is not None and not request.logprobs:
-        raise BadRequest("top_logprobs needs logprobs to be true.", param="top_logprobs")
+        raise BadRequestError("top_logprobs needs logprobs to be true.", param="top_logprobs")
     mode = resolve_tool_mode(ctx, request)
     prompt_ids = render_messages(
         ctx,

@@ -12,9 +12,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from vllite.exceptions import BadRequestError
 from vllite.plugins.openai_server.context import ServerContext
 from vllite.plugins.openai_server.protocol import ChatMessage
-from vllite.plugins.openai_server.sampling import BadRequest
 
 
 def message_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
@@ -49,19 +49,21 @@ def render_messages(
     chat_template: str | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
-    """The prompt token ids of ``messages``; :class:`BadRequest` for a conversation the template cannot render."""
+    """The prompt token ids of ``messages``; :class:`BadRequestError` for a conversation the template cannot render."""
     from vllite.engine.tokenizer import apply_chat_template
 
     if ctx.tokenizer is None:
-        raise BadRequest("Chat needs a tokenizer; this server was started without one (--skip-tokenizer-init).")
+        raise BadRequestError("Chat needs a tokenizer; this server was started without one (--skip-tokenizer-init).")
     if continue_final_message and add_generation_prompt:
-        raise BadRequest(
+        raise BadRequestError(
             "continue_final_message and add_generation_prompt cannot both be true.", param="continue_final_message"
         )
     if continue_final_message and messages[-1].role != "assistant":
-        raise BadRequest("continue_final_message needs the last message to be an assistant message.", param="messages")
+        raise BadRequestError(
+            "continue_final_message needs the last message to be an assistant message.", param="messages"
+        )
     if chat_template is not None and not ctx.settings.trust_request_chat_template:
-        raise BadRequest(
+        raise BadRequestError(
             "A chat_template in the request is refused unless the server runs with --trust-request-chat-template.",
             param="chat_template",
         )
@@ -69,7 +71,7 @@ def render_messages(
     kwargs = dict(chat_template_kwargs or {})
     reserved = {"tokenize", "chat_template", "tools", "add_generation_prompt", "continue_final_message"} & set(kwargs)
     if reserved:
-        raise BadRequest(f"chat_template_kwargs may not set {sorted(reserved)}.", param="chat_template_kwargs")
+        raise BadRequestError(f"chat_template_kwargs may not set {sorted(reserved)}.", param="chat_template_kwargs")
     try:
         return apply_chat_template(
             ctx.tokenizer,
@@ -80,10 +82,10 @@ def render_messages(
             chat_template=template,
             **kwargs,
         )
-    except BadRequest:
+    except BadRequestError:
         raise
     except Exception as exc:  # Jinja errors, a template's raise_exception(), no template at all
-        raise BadRequest(f"The chat template could not render the messages: {exc}", param="messages") from None
+        raise BadRequestError(f"The chat template could not render the messages: {exc}", param="messages") from None
 
 
 def _text_content(message: ChatMessage, index: int) -> str | None:
@@ -93,7 +95,7 @@ def _text_content(message: ChatMessage, index: int) -> str | None:
     texts = []
     for part in content:
         if part.type != "text" or part.text is None:
-            raise BadRequest(
+            raise BadRequestError(
                 f"messages[{index}].content: only text parts are supported, got a {part.type!r} part.",
                 param="messages",
             )
@@ -105,6 +107,6 @@ def _arguments(arguments: str, index: int) -> Any:
     try:
         return json.loads(arguments) if arguments else {}
     except ValueError:
-        raise BadRequest(
+        raise BadRequestError(
             f"messages[{index}].tool_calls: function.arguments must be a JSON object as text.", param="messages"
         ) from None

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+from vllite.exceptions import BadRequestError
 from vllite.outputs import CompletionOutput, RequestOutput
 from vllite.plugins.openai_server.context import ServerContext
 from vllite.plugins.openai_server.errors import check_sample, error_event
@@ -25,7 +26,7 @@ from vllite.plugins.openai_server.responses import (
     UsageInfo,
     sse,
 )
-from vllite.plugins.openai_server.sampling import BadRequest, build_sampling_params, check_common_fields
+from vllite.plugins.openai_server.sampling import build_sampling_params, check_common_fields
 from vllite.plugins.openai_server.streams import Submitted, submit
 
 
@@ -34,25 +35,25 @@ def normalize_prompts(prompt: Any) -> list[str | list[int]]:
     if isinstance(prompt, str):
         return [prompt]
     if not prompt:
-        raise BadRequest("prompt must not be empty.", param="prompt")
+        raise BadRequestError("prompt must not be empty.", param="prompt")
     if all(isinstance(p, int) for p in prompt):
         return [list(prompt)]
     if any(isinstance(p, list) and not p for p in prompt):
-        raise BadRequest("prompt must not contain an empty token list.", param="prompt")
+        raise BadRequestError("prompt must not contain an empty token list.", param="prompt")
     return list(prompt)
 
 
 async def create_completion(ctx: ServerContext, request: CompletionRequest) -> CompletionResponse | EventStream:
-    """The response body, or (``stream``) an iterator of SSE events; raises ``BadRequest`` before submitting."""
+    """The response body, or (``stream``) an iterator of SSE events; raises ``BadRequestError`` before submitting."""
     model = ctx.check_model(request.model)
     check_common_fields(request, max_logprobs=ctx.max_logprobs)
     if request.best_of is not None and request.best_of != request.n:
-        raise BadRequest(
+        raise BadRequestError(
             f"best_of={request.best_of} is not supported (vllite returns every sample); use n instead.",
             param="best_of",
         )
     if request.suffix is not None:
-        raise BadRequest("suffix is not supported.", param="suffix")
+        raise BadRequestError("suffix is not supported.", param="suffix")
     prompts = normalize_prompts(request.prompt)
     echo_logprobs = request.echo and request.logprobs is not None
     params = build_sampling_params(
@@ -74,7 +75,7 @@ async def create_completion(ctx: ServerContext, request: CompletionRequest) -> C
 
 def _encode_plain(ctx: ServerContext, text: str) -> list[int]:
     if ctx.tokenizer is None:
-        raise BadRequest("Text prompts need a tokenizer; this server has none.", param="prompt")
+        raise BadRequestError("Text prompts need a tokenizer; this server has none.", param="prompt")
     return [int(t) for t in ctx.tokenizer.encode(text, add_special_tokens=False)]
 
 

@@ -6,17 +6,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from vllite.exceptions import VlliteError
+from vllite.exceptions import ModelNotFoundError
 
 logger = logging.getLogger("vllite.server")
-
-
-class ModelNotFound(VlliteError):
-    """The request names a model this server does not serve (HTTP 404)."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(f"The model `{name}` does not exist.")
-        self.name = name
 
 
 @dataclass(frozen=True)
@@ -60,7 +52,7 @@ class ServerContext:
         """The served name a request asks for (its own, or the default when it names none)."""
         if name is None or name in self.settings.served_model_names:
             return name or self.model_name
-        raise ModelNotFound(name)
+        raise ModelNotFoundError(name)
 
     def log_prompt(self, request_id: str, prompt: Any, params: Any) -> None:
         """Logs an accepted request, its prompt cut to ``--max-log-len`` characters / tokens."""

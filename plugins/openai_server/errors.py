@@ -9,25 +9,22 @@ from __future__ import annotations
 
 import logging
 
-from vllite.exceptions import EngineClientClosedError, EngineDeadError, RequestProcessingError, VlliteError
+from vllite.exceptions import (
+    BadRequestError,
+    EngineClientClosedError,
+    EngineDeadError,
+    ModelNotFoundError,
+    RequestFailedError,
+    RequestProcessingError,
+    UnauthorizedError,
+)
 from vllite.outputs import CompletionOutput
-from vllite.plugins.openai_server.context import ModelNotFound
 from vllite.plugins.openai_server.responses import ErrorInfo, ErrorResponse, sse
-from vllite.plugins.openai_server.sampling import BadRequest
 
 logger = logging.getLogger("vllite.server")
 
 _TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 500: "InternalServerError",
           503: "ServiceUnavailableError"}  # fmt: skip
-
-
-class Unauthorized(VlliteError):
-    """A ``/v1`` request without the server's API key (HTTP 401)."""
-
-
-class RequestFailed(VlliteError):
-    """A request the engine finished with an error (HTTP 500): a plugin failed on it, or its output could not be
-    processed. The engine goes on serving the others."""
 
 
 def error_response(status: int, message: str, param: str | None = None) -> ErrorResponse:
@@ -37,15 +34,15 @@ def error_response(status: int, message: str, param: str | None = None) -> Error
 
 def classify(exc: BaseException) -> tuple[int, ErrorResponse]:
     """The status and body for an exception a route raised."""
-    if isinstance(exc, BadRequest):
+    if isinstance(exc, BadRequestError):
         return 400, error_response(400, str(exc), exc.param)
-    if isinstance(exc, ModelNotFound):
+    if isinstance(exc, ModelNotFoundError):
         return 404, error_response(404, str(exc), "model")
-    if isinstance(exc, Unauthorized):
+    if isinstance(exc, UnauthorizedError):
         return 401, error_response(401, str(exc))
     if isinstance(exc, (EngineDeadError, EngineClientClosedError)):
         return 503, error_response(503, f"The engine is not available: {exc}")
-    if isinstance(exc, (RequestFailed, RequestProcessingError)):
+    if isinstance(exc, (RequestFailedError, RequestProcessingError)):
         return 500, error_response(500, str(exc))
     if isinstance(exc, (ValueError, TypeError)):
         return 400, error_response(400, str(exc))
@@ -63,6 +60,6 @@ def error_event(exc: BaseException | str, status: int = 500) -> bytes:
 
 
 def check_sample(sample: CompletionOutput) -> None:
-    """Raises :class:`RequestFailed` for a sample the engine finished with an error."""
+    """Raises :class:`RequestFailedError` for a sample the engine finished with an error."""
     if sample.finish_reason == "error":
-        raise RequestFailed(f"The request failed in the engine: {sample.error or 'unknown error'}")
+        raise RequestFailedError(f"The request failed in the engine: {sample.error or 'unknown error'}")

@@ -1,14 +1,14 @@
 """From an OpenAI request to ``SamplingParams``: the model's defaults under the request's fields, vLLM's extras,
 and Continuum's program fields in ``extra_args`` (exactly where the fork's scheduler reads them).
 
-Every rejection is a :class:`BadRequest` naming the field, so the server answers 400 with ``param`` set.
+Every rejection is a :class:`BadRequestError` naming the field, so the server answers 400 with ``param`` set.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from vllite.exceptions import VlliteError
+from vllite.exceptions import BadRequestError
 from vllite.plugins.openai_server.protocol import SamplingFields
 from vllite.sampling_params import RequestOutputKind, SamplingParams
 
@@ -22,14 +22,6 @@ CONTINUUM_FIELDS = ("job_id", "is_last_step", "this_func_call", "last_func_call"
 _XARG_SCALARS = (str, int, float, bool)
 
 
-class BadRequest(VlliteError, ValueError):
-    """A request the server rejects with HTTP 400; ``param`` names the offending field when there is one."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
-
-
 def build_sampling_params(
     request: SamplingFields,
     model_defaults: dict[str, Any],
@@ -40,7 +32,7 @@ def build_sampling_params(
 ) -> SamplingParams:
     """The request's ``SamplingParams`` (DELTA output when streaming, FINAL_ONLY otherwise).
 
-    Raises :class:`BadRequest` naming the field for a value ``SamplingParams`` refuses.
+    Raises :class:`BadRequestError` naming the field for a value ``SamplingParams`` refuses.
     """
     fields: dict[str, Any] = {}
     for name in MODEL_DEFAULTED_FIELDS:
@@ -73,10 +65,10 @@ def build_sampling_params(
             extra_args=extra_args(request),
             **fields,
         )
-    except BadRequest:
+    except BadRequestError:
         raise
     except (ValueError, TypeError) as exc:
-        raise BadRequest(str(exc), param=_field_named_in(str(exc))) from None
+        raise BadRequestError(str(exc), param=_field_named_in(str(exc))) from None
 
 
 def extra_args(request: SamplingFields) -> dict[str, Any] | None:
@@ -90,7 +82,7 @@ def extra_args(request: SamplingFields) -> dict[str, Any] | None:
                 isinstance(value, list) and all(isinstance(v, _XARG_SCALARS) for v in value)
             )
             if not ok:
-                raise BadRequest(
+                raise BadRequestError(
                     f"vllm_xargs[{key!r}] must be a string, number, boolean or a list of them; "
                     f"got {type(value).__name__}.",
                     param="vllm_xargs",
@@ -104,11 +96,11 @@ def extra_args(request: SamplingFields) -> dict[str, Any] | None:
 
 
 def check_common_fields(request: SamplingFields, *, max_logprobs: int) -> None:
-    """Checks that ``SamplingParams`` cannot name by themselves; raises :class:`BadRequest`."""
+    """Checks that ``SamplingParams`` cannot name by themselves; raises :class:`BadRequestError`."""
     if request.stream_options is not None and not request.stream:
-        raise BadRequest("stream_options is only allowed when stream is true.", param="stream_options")
+        raise BadRequestError("stream_options is only allowed when stream is true.", param="stream_options")
     if request.n < 1:
-        raise BadRequest(f"n must be at least 1, got {request.n}.", param="n")
+        raise BadRequestError(f"n must be at least 1, got {request.n}.", param="n")
 
 
 def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
@@ -119,9 +111,11 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
         try:
             token_id = int(key)
         except ValueError:
-            raise BadRequest(f"logit_bias keys must be token ids, got {key!r}.", param="logit_bias") from None
+            raise BadRequestError(f"logit_bias keys must be token ids, got {key!r}.", param="logit_bias") from None
         if not -100.0 <= value <= 100.0:
-            raise BadRequest(f"logit_bias values must be in [-100, 100], got {value} for {key}.", param="logit_bias")
+            raise BadRequestError(
+                f"logit_bias values must be in [-100, 100], got {value} for {key}.", param="logit_bias"
+            )
         out[token_id] = value
     return out
 

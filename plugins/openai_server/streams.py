@@ -13,8 +13,8 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from vllite.exceptions import BadRequestError
 from vllite.outputs import RequestOutput
-from vllite.plugins.openai_server.sampling import BadRequest
 from vllite.sampling_params import SamplingParams
 
 logger = logging.getLogger("vllite.server")
@@ -81,7 +81,7 @@ async def submit(
     *,
     priority: int = 0,
 ) -> Submitted:
-    """Submits each prompt as ``{request_id}-{index}``; raises :class:`BadRequest` (nothing left running) when
+    """Submits each prompt as ``{request_id}-{index}``; raises :class:`BadRequestError` (nothing left running) when
     the engine's frontend rejects one."""
     submitted: list[tuple[str, Any]] = []
     try:
@@ -91,8 +91,8 @@ async def submit(
             submitted.append((prompt_id, queue))
     except BaseException as exc:
         await Submitted(engine, submitted).abort_unfinished()
-        if isinstance(exc, (ValueError, TypeError)) and not isinstance(exc, BadRequest):
-            raise BadRequest(str(exc), param=_param_of(str(exc))) from None
+        if isinstance(exc, (ValueError, TypeError)) and not isinstance(exc, BadRequestError):
+            raise BadRequestError(str(exc), param=_param_of(str(exc))) from None
         raise
     return Submitted(engine, submitted)
 

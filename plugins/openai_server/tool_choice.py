@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vllite.exceptions import BadRequestError
 from vllite.plugins.openai_server.context import ServerContext
 from vllite.plugins.openai_server.protocol import ChatCompletionRequest, NamedToolChoice, random_id
 from vllite.plugins.openai_server.responses import (
@@ -14,7 +15,6 @@ from vllite.plugins.openai_server.responses import (
     FunctionCall,
     ToolCall,
 )
-from vllite.plugins.openai_server.sampling import BadRequest
 
 #: The parser for ``tool_choice="required"`` when the server has none: vLLM's forced format is a JSON list.
 REQUIRED_FALLBACK_PARSER = "openai"
@@ -131,12 +131,14 @@ def _tool_call(name: str, arguments: str) -> ToolCall:
 
 
 def resolve_tool_mode(ctx: ServerContext, request: ChatCompletionRequest) -> ToolMode:
-    """The request's tool mode; :class:`BadRequest` for an inconsistent ``tools`` / ``tool_choice``."""
+    """The request's tool mode; :class:`BadRequestError` for an inconsistent ``tools`` / ``tool_choice``."""
     tools = request.tools or []
     choice = request.tool_choice
     if not tools:
         if choice not in (None, "none"):
-            raise BadRequest("tool_choice needs tools: give the functions the model may call.", param="tool_choice")
+            raise BadRequestError(
+                "tool_choice needs tools: give the functions the model may call.", param="tool_choice"
+            )
         return ToolMode()
     for index, tool in enumerate(tools):
         _check_parameters(tool.function.parameters, index)
@@ -148,14 +150,14 @@ def resolve_tool_mode(ctx: ServerContext, request: ChatCompletionRequest) -> Too
     if isinstance(choice, NamedToolChoice):
         names = [tool.function.name for tool in tools]
         if choice.function.name not in names:
-            raise BadRequest(
+            raise BadRequestError(
                 f"tool_choice names the function {choice.function.name!r}, which is not among the tools {names}.",
                 param="tool_choice",
             )
         return NamedToolMode(template_tools, choice.function.name)
     parser = ctx.tool_parser_class
     if choice == "auto" and (parser is None or not ctx.settings.enable_auto_tool_choice):
-        raise BadRequest(
+        raise BadRequestError(
             '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set '
             "(tool_choice defaults to auto when tools are given).",
             param="tool_choice",
@@ -174,10 +176,10 @@ def _check_parameters(parameters: dict[str, Any] | None, index: int) -> None:
     where = f"tools[{index}].function.parameters"
     kind = parameters.get("type", "object")
     if kind != "object":
-        raise BadRequest(f"{where} must be a JSON schema of type 'object', got type {kind!r}.", param="tools")
+        raise BadRequestError(f"{where} must be a JSON schema of type 'object', got type {kind!r}.", param="tools")
     properties = parameters.get("properties", {})
     if not isinstance(properties, dict) or not all(isinstance(v, dict) for v in properties.values()):
-        raise BadRequest(f"{where}.properties must map each parameter name to a schema object.", param="tools")
+        raise BadRequestError(f"{where}.properties must map each parameter name to a schema object.", param="tools")
     required = parameters.get("required", [])
     if not isinstance(required, list) or not set(required) <= set(properties):
-        raise BadRequest(f"{where}.required must list names defined in properties.", param="tools")
+        raise BadRequestError(f"{where}.required must list names defined in properties.", param="tools")
