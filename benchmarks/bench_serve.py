@@ -21,10 +21,10 @@ import sys
 import time
 from pathlib import Path
 
-from tests.server_utils import RemoteServer
 from vllite.plugins.openai_server.bench import bench_serve, demo_vocab_size
 from vllite.plugins.openai_server.bench_config import ServeBenchConfig
 from vllite.plugins.openai_server.bench_requests import RandomDataset
+from vllite.testing.server import RemoteServer
 
 
 def load_config(args: argparse.Namespace, base_url: str, model: str | None = None) -> ServeBenchConfig:

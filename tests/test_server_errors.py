@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from tests.server_utils import FORCED_SEQUENCE, RemoteServer
+from vllite.testing.server import FORCED_SEQUENCE, RemoteServer
 
 KEY = "s3cret"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -16,7 +16,7 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from tests.server_utils import RemoteServer  # noqa: E402
+from vllite.testing.server import RemoteServer  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

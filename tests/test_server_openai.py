@@ -9,8 +9,8 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from tests.server_utils import FORCED_SEQUENCE, RemoteServer  # noqa: E402
 from vllite.assets import default_model_path  # noqa: E402
+from vllite.testing.server import FORCED_SEQUENCE, RemoteServer  # noqa: E402
 
 MODEL = "demo"
 PROMPTS = ["Once upon a time", "def main():", "The quick brown fox"]

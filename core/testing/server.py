@@ -1,4 +1,4 @@
-"""Start a real ``vllite serve`` process on loopback (an ephemeral port) for tests; stop it with SIGINT."""
+"""A real ``vllite serve`` process on loopback (an ephemeral port) for tests and benchmarks; stopped by SIGINT."""
 
 from __future__ import annotations
 
