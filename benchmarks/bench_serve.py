@@ -105,7 +105,8 @@ def _start_vllm(args: argparse.Namespace, port: int):
     model = args.model or str(default_model_path())
     command = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--dtype", "float32",
                "--port", str(port), "--served-model-name", "bench", "--max-model-len", str(args.max_model_len),
-               "--max-num-seqs", str(args.max_num_seqs), "--disable-uvicorn-access-log"]  # fmt: skip
+               "--max-num-seqs", str(args.max_num_seqs), "--disable-uvicorn-access-log",
+               "--gpu-memory-utilization", "0.4"]  # fmt: skip
     log = open(Path(args.output_dir) / "vllm-server.log", "w")  # noqa: SIM115
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 600
