@@ -117,7 +117,7 @@ def run_server(args: argparse.Namespace) -> int:
         engine, metrics = _start_engine(engine_args, settings)
         try:
             ctx = ServerContext(engine, settings, metrics=metrics)
-            asyncio.run(_serve(ctx, sock, args))
+            _run_event_loop(_serve(ctx, sock, args))
         finally:
             engine.shutdown()
     finally:
@@ -136,6 +136,16 @@ def _start_engine(engine_args: Any, settings: ServerSettings) -> tuple[Any, Any]
     name = settings.served_model_names[0]
     engine = AsyncLLM.from_engine_args(engine_args, stat_loggers=[lambda info: PrometheusStatLogger(name, info)])
     return engine, engine.stat_loggers[0]
+
+
+def _run_event_loop(main: Any) -> None:
+    """Runs ``main`` on uvloop where it is installed (a faster loop and socket transport), else on asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+        return
+    uvloop.run(main)
 
 
 async def _serve(ctx: ServerContext, sock: socket.socket, args: argparse.Namespace) -> None:
