@@ -317,3 +317,32 @@ def test_a_parser_that_only_names_tools_is_refused_at_start(monkeypatch):
     monkeypatch.setattr(plugin_manager, "resolve_component", lambda kind, name: NameOnly)
     with pytest.raises(ValueError, match="only names tools"):
         resolve_tool_parser("name-only")
+
+
+def test_tokenize_detokenize_round_trip(server, tokenizer):
+    import urllib.request
+
+    def post(path, body):
+        request = urllib.request.Request(
+            server.url + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        return json.load(urllib.request.urlopen(request))
+
+    tokens = post("/tokenize", {"model": MODEL, "prompt": "def main():", "add_special_tokens": False})
+    assert tokens["tokens"] == tokenizer.encode("def main():", add_special_tokens=False)
+    assert tokens["count"] == len(tokens["tokens"]) and tokens["max_model_len"] == 512
+    assert post("/detokenize", {"model": MODEL, "tokens": tokens["tokens"]}) == {"prompt": "def main():"}
+
+
+def test_api_key_from_the_environment(monkeypatch):
+    import argparse
+
+    from vllite.plugins.openai_server.cli import add_serve_arguments, server_settings
+
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    monkeypatch.setenv("VLLITE_API_KEY", "from-env")
+    assert server_settings(parser.parse_args([]), "m").api_key == "from-env"
+    assert server_settings(parser.parse_args(["--api-key", "flag"]), "m").api_key == "flag"
+    with pytest.raises(ValueError, match="--enable-auto-tool-choice needs --tool-call-parser"):
+        server_settings(parser.parse_args(["--enable-auto-tool-choice"]), "m")
