@@ -1,9 +1,10 @@
 """Engine configuration: ``EngineArgs`` (what users type) → ``EngineConfig`` (what the engine parts read).
 
 ``EngineConfig`` exposes the attribute paths vLLM plugins read from ``VllmConfig``
-(``model_config.max_model_len``, ``cache_config.block_size``, ``scheduler_config.max_num_seqs`` ...), and is
-also importable as ``VllmConfig``. One argument parser, built from the ``EngineArgs`` fields, serves both the
-CLI and ``EngineArgs.from_cli_args``.
+(``model_config.max_model_len``, ``model_config.get_vocab_size()``, ``model_config.runner_type``,
+``cache_config.block_size``, ``scheduler_config.max_num_seqs``, ``parallel_config``, ``speculative_config``,
+``device_config.device`` ...), and is also importable as ``VllmConfig``. One argument parser, built from the
+``EngineArgs`` fields, serves both the CLI and ``EngineArgs.from_cli_args``.
 
 Every config is frozen: it says what the user asked for and never changes. What the engine settles on at
 start-up (the context length when the user gave none, the KV block count) is reported as an ``EngineInfo``;
@@ -16,7 +17,7 @@ import argparse
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 HASH_ALGOS = ("sha256", "fast")
@@ -26,7 +27,18 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Which model, in which precision, with how long a context (``None``: the model's own limit)."""
+    """Which model, in which precision, with how long a context (``None``: the model's own limit).
+
+    Also answers what vLLM plugins read from vLLM's ``ModelConfig``: ``runner_type`` (always ``"generate"``),
+    ``tokenizer_mode``, ``tokenizer_revision`` / ``revision`` (local folders only: ``None``), ``hf_config``,
+    ``hf_text_config``, ``vocab_size`` / ``get_vocab_size()`` and ``get_hidden_size()``.
+    """
+
+    # What vLLM's ModelConfig says for the one kind of model vllite runs (a generative model from a local folder).
+    runner_type: ClassVar[str] = "generate"
+    tokenizer_mode: ClassVar[str] = "auto"
+    tokenizer_revision: ClassVar[str | None] = None
+    revision: ClassVar[str | None] = None
 
     model: str | None = None
     tokenizer: str | None = None
@@ -55,6 +67,19 @@ class ModelConfig:
     @property
     def hf_text_config(self) -> Any:
         return getattr(self.hf_config, "text_config", None) or self.hf_config
+
+    @property
+    def vocab_size(self) -> int:
+        """The model's vocabulary size (the width of the logits); 0 when the model folder has no config."""
+        return int(getattr(self.hf_text_config, "vocab_size", 0) or 0)
+
+    def get_vocab_size(self) -> int:
+        """``vocab_size``, under vLLM's method name."""
+        return self.vocab_size
+
+    def get_hidden_size(self) -> int:
+        """The model's hidden size (vLLM's method name); 0 when the model folder has no config."""
+        return int(getattr(self.hf_text_config, "hidden_size", 0) or 0)
 
 
 @dataclass(frozen=True)
@@ -107,6 +132,22 @@ class DeviceConfig:
 
 
 @dataclass(frozen=True)
+class ParallelConfig:
+    """How the model is split across devices. vllite runs one model replica on one device, so every size is 1;
+    the fields carry vLLM's names for the plugins that read them."""
+
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    data_parallel_rank: int = 0
+
+    @property
+    def world_size(self) -> int:
+        """Devices one model replica spans (tensor x pipeline parallel)."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
+@dataclass(frozen=True)
 class ObservabilityConfig:
     """Stats and tracing switches."""
 
@@ -122,15 +163,35 @@ class EngineConfig:
     scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
     device_config: DeviceConfig = field(default_factory=DeviceConfig)
     observability_config: ObservabilityConfig = field(default_factory=ObservabilityConfig)
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+    # vllite has no speculative decoding: None, which is what vLLM plugins test for.
+    speculative_config: Any = None
     executor: str = "default"
     logits_processors: list[Any] = field(default_factory=list)
     # Free-form settings for plugins, keyed by plugin name.
     plugin_config: dict[str, Any] = field(default_factory=dict)
 
     def with_limits(self, max_model_len: int, num_gpu_blocks: int | None = None) -> EngineConfig:
-        """A copy with the context length and KV block count the engine settled on, and the token budget that
-        follows from them; the engine's parts (scheduler, runner, plugins) read this copy. This config is
-        unchanged. ``ValueError`` when the token budget cannot hold one full-length prompt without chunking."""
+        """A copy with the context length and KV block count the engine settled on, the token budget that
+        follows from them, and ``device_config.device`` resolved (``"auto"`` becomes ``"cuda"`` or ``"cpu"``); the
+        engine's parts (scheduler, runner, plugins) read this copy. This config is unchanged. ``ValueError`` when
+        the token budget cannot hold one full-length prompt without chunking."""
+        budget = self._token_budget(max_model_len)
+        model_config = dataclasses.replace(self.model_config, max_model_len=max_model_len)
+        device_config = self.device_config
+        if device_config.device == "auto":
+            device_config = DeviceConfig(device=device_config.device_type)
+        return dataclasses.replace(
+            self,
+            model_config=model_config,
+            cache_config=dataclasses.replace(self.cache_config, num_gpu_blocks=num_gpu_blocks),
+            scheduler_config=dataclasses.replace(self.scheduler_config, max_num_batched_tokens=budget),
+            device_config=device_config,
+        )
+
+    def _token_budget(self, max_model_len: int) -> int:
+        """The per-step token budget for ``max_model_len``; ``ValueError`` when it cannot hold one full-length
+        prompt without chunking."""
         sched = self.scheduler_config
         budget = sched.max_num_batched_tokens
         if budget is None:
@@ -143,13 +204,7 @@ class EngineConfig:
                 "prefill disabled, so long prompts could never be scheduled. Raise --max-num-batched-tokens, "
                 "lower --max-model-len, or enable chunked prefill."
             )
-        model_config = dataclasses.replace(self.model_config, max_model_len=max_model_len)
-        return dataclasses.replace(
-            self,
-            model_config=model_config,
-            cache_config=dataclasses.replace(self.cache_config, num_gpu_blocks=num_gpu_blocks),
-            scheduler_config=dataclasses.replace(sched, max_num_batched_tokens=budget),
-        )
+        return budget
 
 
 VllmConfig = EngineConfig
@@ -312,7 +367,7 @@ class EngineArgs:
             plugin_config=dict(self.plugin_config),
         )
         if self.max_model_len is not None:
-            config.with_limits(self.max_model_len)  # fails now, not in the engine, for an impossible token budget
+            config._token_budget(self.max_model_len)  # fails now, not in the engine, for an impossible token budget
         return config
 
     def _validate(self) -> None:

@@ -9,6 +9,7 @@ The hierarchy (a class in brackets is a second base, kept so that callers catchi
     VlliteError
     ├── PluginLoadError ── DuplicateComponentError
     ├── UnknownComponentError [ValueError], ModelLoadError [ValueError], KVCacheMemoryError [ValueError]
+    ├── VLLMValidationError [ValueError], VllmCompatImportError [ModuleNotFoundError]
     ├── EngineDeadError
     ├── EngineStartupError [RuntimeError]
     ├── EngineClientError [RuntimeError] ── EngineClientClosedError, EngineClientUsageError, UtilityCallError,
@@ -69,6 +70,27 @@ class ModelLoadError(VlliteError, ValueError):
 
 class KVCacheMemoryError(VlliteError, ValueError):
     """The KV cache cannot hold one sequence of ``max_model_len`` tokens in the configured memory budget."""
+
+
+class VLLMValidationError(VlliteError, ValueError):
+    """A request's parameter is invalid (vLLM's name: a processor's ``validate_params`` raises it, and it is
+    served as ``vllm.exceptions.VLLMValidationError``). ``parameter`` and ``value`` name what was rejected."""
+
+    def __init__(self, message: str, *, parameter: str | None = None, value: object = None) -> None:
+        super().__init__(message)
+        self.parameter = parameter
+        self.value = value
+
+    def __str__(self) -> str:
+        pairs = (("parameter", self.parameter), ("value", self.value))
+        extras = [f"{name}={val}" for name, val in pairs if val is not None]
+        base = super().__str__()
+        return f"{base} ({', '.join(extras)})" if extras else base
+
+
+class VllmCompatImportError(VlliteError, ModuleNotFoundError):
+    """A ``vllm.*`` name that vllite's vLLM compatibility layer does not serve (no real vLLM is installed); the
+    message names it and lists what the layer does serve."""
 
 
 # ---------------------------------------------------------------------------- engine process / clients

@@ -23,7 +23,7 @@ from typing import Any
 
 import pluggy
 
-from vllite import hookspecs
+from vllite import hookspecs, vllm_compat
 from vllite.exceptions import DuplicateComponentError, PluginLoadError, UnknownComponentError
 
 logger = logging.getLogger(__name__)
@@ -77,6 +77,7 @@ class EntryPointInfo:
 
     def load(self) -> Any:
         """Imports the entry point; any failure becomes a ``PluginLoadError`` naming it."""
+        vllm_compat.activate()  # plugins may `import vllm...`: served by vllite when no real vLLM is installed
         try:
             return self.entry_point.load()
         except Exception as exc:

@@ -404,12 +404,12 @@ def test_slot_interface_adapted_onto_batch_updates(env, monkeypatch):
     out = adapter.apply(torch.zeros(3, 4))
     assert out.tolist() == [[0, 5, 0, 0], [0, 0, 0, 0], [0, 0, 0, 2]]
     states = inner.req_states
-    assert states.all_token_ids[0, :2].tolist() == [10, 11] and states.total_len[:3].tolist() == [2, 1, 1]
-    assert states.prompt_len[:3].tolist() == [2, 1, 0] and states.all_token_ids[2, 0] == 7
+    assert states.all_token_ids.gpu[0, :2].tolist() == [10, 11] and states.total_len.gpu[:3].tolist() == [2, 1, 1]
+    assert states.prompt_len.gpu[:3].tolist() == [2, 1, 0] and states.all_token_ids.gpu[2, 0] == 7
 
     outputs[0].append(42)  # generated tokens reach req_states without a batch change
     procs.update_state(builder.get_and_reset(3))
-    assert states.all_token_ids[0, :3].tolist() == [10, 11, 42] and states.total_len[0] == 3
+    assert states.all_token_ids.gpu[0, :3].tolist() == [10, 11, 42] and states.total_len.gpu[0] == 3
     adapter.apply(torch.zeros(3, 4))
     assert inner.last_ctx.input_ids.tolist() == [42, 12, 7] and inner.last_ctx.pos.tolist() == [2, 0, 0]
 

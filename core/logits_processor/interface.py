@@ -28,6 +28,22 @@ class MoveDirectionality(Enum):
     UNIDIRECTIONAL = auto()
     SWAP = auto()
 
+    def __eq__(self, other: object) -> bool:
+        """Also equal to the same-named member of another ``MoveDirectionality`` enum (a real vLLM's).
+
+        A processor compares the moves it receives with whichever enum it imported. Python tries the reflected
+        comparison when the other enum's (identity) ``__eq__`` declines, so ``theirs.SWAP == move`` holds too,
+        and the hash is the member name (as ``Enum``'s), so mixed dict and set lookups work.
+        """
+        if self is other:
+            return True
+        if isinstance(other, Enum) and type(other).__name__ == "MoveDirectionality":
+            return self.name == other.name
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._name_)
+
 
 # Batch index of a removed request.
 RemovedRequest = int

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from vllite import vllm_compat
 from vllite.exceptions import PluginLoadError
 from vllite.logits_processor.container import LogitsProcessors
 from vllite.logits_processor.interface import LogitsProcessor
@@ -121,6 +122,8 @@ def _explicit(items: Iterable[type | str]) -> list[LoadedLogitsProcessor]:
 def load_logitsprocs(vllm_config: Any = None, custom: Sequence[type | str] = ()) -> list[LoadedLogitsProcessor]:
     """Every processor class in load order (see the module docstring), checked, without constructing any."""
     from vllite.plugin_manager import get_registry, iter_entry_points
+
+    vllm_compat.activate()  # plugins may `import vllm...`: served by vllite when no real vLLM is installed
 
     loaded: list[LoadedLogitsProcessor] = []
     for name, obj in get_registry(REGISTRY_KIND).items():

@@ -6,63 +6,44 @@ A slot-interface processor is built as ``cls(vllm_config, req_states)``, learns 
 slots. A slot stays the request's for its whole life and there is no removal hook: a recycled slot is simply
 re-announced. :class:`SlotLogitsProcessorAdapter` keeps that contract on top of vllite's persistent batch,
 where requests move between batch indices: it gives each request a stable slot, keeps the token history in
-``req_states`` current from the live output lists, and builds the row → slot mapping at every ``apply``.
+``req_states`` current from the live output lists (staged, then published once per step, as vLLM's model
+runner does), and builds the row → slot mapping at every ``apply``. The interface itself (base class, request
+state, step context) is in :mod:`vllite.logits_processor.slot_interface`.
 """
 
 from __future__ import annotations
 
 import functools
 import heapq
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from vllite.exceptions import BatchStateError, LogitsProcessorRowsError, PluginHookError
+from vllite.logits_processor.buffers import StagedWriteTensor, UvaBackedTensor, buffer_device
 from vllite.logits_processor.interface import BatchUpdate, LogitsProcessor, MoveDirectionality
+from vllite.logits_processor.slot_interface import LogitsContext, LogitsProcRequestState, SlotLogitsProcessor
 
 if TYPE_CHECKING:
-    import numpy as np
     import torch
 
     from vllite.sampling_params import SamplingParams
 
+__all__ = [
+    "LogitsContext",
+    "LogitsProcRequestState",
+    "SlotLogitsProcessor",
+    "SlotLogitsProcessorAdapter",
+    "adapt_slot_processor",
+    "is_slot_interface",
+]
+
 _DEFAULT_TOKEN_CAPACITY = 256
 
 
-@dataclass(frozen=True)
-class LogitsProcRequestState:
-    """Read-only view of the requests' token history for slot-interface processors, indexed by slot.
-
-    ``all_token_ids[slot, :total_len[slot]]`` holds the prompt followed by the output so far;
-    ``prompt_len[slot]`` is the prompt length; ``prefill_len[slot]`` the tokens known when the request was
-    added. ``all_token_ids`` grows (a new tensor) when a request outgrows it, so read it through this object
-    each step rather than keeping the tensor.
-    """
-
-    device: torch.device
-    max_num_reqs: int
-    vocab_size: int | None
-    all_token_ids: torch.Tensor
-    prompt_len: torch.Tensor
-    prefill_len: torch.Tensor
-    total_len: torch.Tensor
-
-
-@dataclass(frozen=True)
-class LogitsContext:
-    """One step's layout for ``apply(logits, ctx)``: row ``r`` belongs to slot ``expanded_idx_mapping[r]``.
-
-    Without speculative decoding each request has one row, so ``expanded_idx_mapping == idx_mapping`` and
-    ``expanded_local_pos`` is all zeros. ``input_ids``/``pos`` hold each row's last known token and its
-    position; ``seq_lens_upper_bound_np`` the sequence length per row.
-    """
-
-    expanded_idx_mapping: torch.Tensor
-    idx_mapping: torch.Tensor
-    idx_mapping_np: np.ndarray
-    expanded_local_pos: torch.Tensor
-    input_ids: torch.Tensor
-    pos: torch.Tensor
-    seq_lens_upper_bound_np: np.ndarray
+def _vocab_size(model_config: Any) -> int:
+    get = getattr(model_config, "get_vocab_size", None)
+    if callable(get):
+        return int(get() or 0)
+    return int(getattr(getattr(model_config, "hf_text_config", None), "vocab_size", 0) or 0)
 
 
 def is_slot_interface(cls: type) -> bool:
@@ -108,25 +89,22 @@ class SlotLogitsProcessorAdapter(LogitsProcessor):
         self.max_num_reqs = int(vllm_config.scheduler_config.max_num_seqs)
         model_config = getattr(vllm_config, "model_config", None)
         capacity = getattr(model_config, "max_model_len", None) or _DEFAULT_TOKEN_CAPACITY
-        text_config = getattr(model_config, "hf_text_config", None)
-        vocab_size = getattr(text_config, "vocab_size", None)
-        lengths = {
-            name: torch.zeros(self.max_num_reqs, dtype=torch.int32, device=self.device)
-            for name in ("prompt_len", "prefill_len", "total_len")
-        }
         self.req_states = LogitsProcRequestState(
             device=self.device,
             max_num_reqs=self.max_num_reqs,
-            vocab_size=vocab_size,
-            all_token_ids=torch.zeros((self.max_num_reqs, capacity), dtype=torch.int32, device=self.device),
-            **lengths,
+            vocab_size=_vocab_size(model_config),
+            all_token_ids=StagedWriteTensor((self.max_num_reqs, capacity), torch.int32, self.device),
+            prompt_len=UvaBackedTensor(self.max_num_reqs, torch.int32, device=self.device),
+            prefill_len=UvaBackedTensor(self.max_num_reqs, torch.int32, device=self.device),
+            total_len=StagedWriteTensor(self.max_num_reqs, torch.int32, self.device),
         )
-        self.inner = self.slot_cls(vllm_config, self.req_states)
+        with buffer_device(self.device):  # buffers the processor builds without a device land here
+            self.inner = self.slot_cls(vllm_config, self.req_states)
         self._free_slots = list(range(self.max_num_reqs))
         self._slot_of: dict[int, int] = {}  # batch index -> slot
         self._active: dict[int, bool] = {}  # slot -> add_request's answer
         self._outputs: dict[int, tuple[list[int], int]] = {}  # slot -> (live output list, prompt length)
-        self._synced_len: dict[int, int] = {}  # slot -> total tokens already written to all_token_ids
+        self._synced_len: dict[int, int] = {}  # slot -> total tokens already staged for all_token_ids
 
     def is_argmax_invariant(self) -> bool:
         probe = getattr(self.inner, "is_argmax_invariant", None)
@@ -147,14 +125,18 @@ class SlotLogitsProcessorAdapter(LogitsProcessor):
     def _write_tokens(self, slot: int, start: int, tokens: list[int]) -> None:
         import torch
 
-        end = start + len(tokens)
         table = self.req_states.all_token_ids
-        if end > table.shape[1]:
-            grown = torch.zeros((table.shape[0], max(end, 2 * table.shape[1])), dtype=table.dtype, device=table.device)
-            grown[:, : table.shape[1]] = table
+        end = start + len(tokens)
+        columns = table.cpu.shape[1]
+        if end > columns:  # grow: a request outgrew max_model_len (or the default capacity)
+            table.apply_write()
+            grown = StagedWriteTensor((table.num_rows, max(end, 2 * columns)), torch.int32, self.device)
+            grown.cpu[:, :columns] = table.cpu
+            if grown.gpu is not grown.cpu:
+                grown.gpu[:, :columns] = table.gpu
             object.__setattr__(self.req_states, "all_token_ids", grown)
             table = grown
-        table[slot, start:end] = torch.tensor(tokens, dtype=table.dtype).to(table.device)
+        table.stage_write(slot, start, tokens)
 
     def _add(self, index: int, params: SamplingParams, prompt: list[int] | None, output: list[int]) -> None:
         self._release(index)
@@ -162,10 +144,11 @@ class SlotLogitsProcessorAdapter(LogitsProcessor):
         self._slot_of[index] = slot
         prompt = list(prompt or [])
         known = prompt + list(output)
+        states = self.req_states
         self._write_tokens(slot, 0, known)
-        self.req_states.prompt_len[slot] = len(prompt)
-        self.req_states.prefill_len[slot] = len(known)
-        self.req_states.total_len[slot] = len(known)
+        states.prompt_len.np[slot] = len(prompt)
+        states.prefill_len.np[slot] = len(known)
+        states.total_len.stage_write_elem(slot, len(known))
         self._outputs[slot] = (output, len(prompt))
         self._synced_len[slot] = len(known)
         self._active[slot] = bool(self.inner.add_request(slot, params))
@@ -187,8 +170,16 @@ class SlotLogitsProcessorAdapter(LogitsProcessor):
             total = prompt_len + len(output)
             if total > synced:
                 self._write_tokens(slot, synced, output[synced - prompt_len :])
-                self.req_states.total_len[slot] = total
+                self.req_states.total_len.stage_write_elem(slot, total)
                 self._synced_len[slot] = total
+
+    def _publish(self) -> None:
+        """Makes this step's writes to ``req_states`` visible on the device."""
+        states = self.req_states
+        states.all_token_ids.apply_write()
+        states.total_len.apply_write()
+        states.prompt_len.copy_to_uva()
+        states.prefill_len.copy_to_uva()
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         if batch_update:
@@ -199,6 +190,7 @@ class SlotLogitsProcessorAdapter(LogitsProcessor):
             for a, b, direct in batch_update.moved:
                 self._move(a, b, direct)
         self._sync_outputs()
+        self._publish()
         flush = getattr(self.inner, "apply_staged_writes", None)
         if callable(flush):
             flush()
@@ -215,18 +207,18 @@ class SlotLogitsProcessorAdapter(LogitsProcessor):
         if -1 in slots:
             raise BatchStateError(f"logits row {slots.index(-1)} belongs to no request known to {type(self).__name__}")
         idx_np = np.asarray(slots, dtype=np.int32)
+        total_np = self.req_states.total_len.np[idx_np]
+        pos_np = np.maximum(total_np - 1, 0)
+        last_np = self.req_states.all_token_ids.np[idx_np, pos_np]
         idx = torch.from_numpy(idx_np).to(logits.device)
-        total = self.req_states.total_len.index_select(0, idx.to(self.req_states.total_len.device))
-        pos = (total - 1).clamp(min=0)
-        last = self.req_states.all_token_ids[idx.to(self.device).long(), pos.long()]
         ctx = LogitsContext(
             expanded_idx_mapping=idx,
             idx_mapping=idx,
             idx_mapping_np=idx_np,
             expanded_local_pos=torch.zeros(num_rows, dtype=torch.int32, device=logits.device),
-            input_ids=last.to(logits.device),
-            pos=pos.to(logits.device),
-            seq_lens_upper_bound_np=total.cpu().numpy(),
+            input_ids=torch.from_numpy(last_np).to(logits.device),
+            pos=torch.from_numpy(pos_np).to(logits.device),
+            seq_lens_upper_bound_np=total_np.copy(),
         )
         try:
             return self.inner.apply(logits, ctx)
