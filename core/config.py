@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -171,6 +172,14 @@ class EngineConfig:
     # Free-form settings for plugins, keyed by plugin name.
     plugin_config: dict[str, Any] = field(default_factory=dict)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (for the engine-core process) with each importable class of ``logits_processors`` as its class
+        path: the engine process then imports it when it loads its processors, after activating the vLLM
+        compatibility layer, instead of while unpickling, when a class that imports ``vllm`` would fail."""
+        state = dict(self.__dict__)
+        state["logits_processors"] = [_as_class_path(item) for item in self.logits_processors]
+        return state
+
     def with_limits(self, max_model_len: int, num_gpu_blocks: int | None = None) -> EngineConfig:
         """A copy with the context length and KV block count the engine settled on, the token budget that
         follows from them, and ``device_config.device`` resolved (``"auto"`` becomes ``"cuda"`` or ``"cpu"``); the
@@ -208,6 +217,17 @@ class EngineConfig:
 
 
 VllmConfig = EngineConfig
+
+
+def _as_class_path(item: Any) -> Any:
+    """``"module:Qualname"`` for a class reachable under that path (the same object), else ``item`` unchanged
+    (strings, classes of ``__main__`` or defined inside functions)."""
+    if not isinstance(item, type) or item.__module__ == "__main__":
+        return item
+    obj: Any = sys.modules.get(item.__module__)
+    for attr in item.__qualname__.split("."):
+        obj = getattr(obj, attr, None)
+    return f"{item.__module__}:{item.__qualname__}" if obj is item else item
 
 
 def _json_dict(text: str) -> dict[str, Any]:

@@ -542,3 +542,29 @@ def test_a_vllm_plugin_loads_by_class_path_and_has_its_effect(tmp_path, monkeypa
         assert len(tokens) == max_tokens
         assert tokens == ([target] * max_tokens if target is not None else list(ref.outputs[0].token_ids))
     assert sys.modules.pop("vllm_style_target").LogitsProcessor is LogitsProcessor  # imported from the layer
+
+
+def test_a_vllm_plugin_class_object_reaches_the_engine_process(tmp_path, monkeypatch):
+    """The engine-core process unpickles its config before it loads anything: a class importing ``vllm`` travels as
+    its class path and is imported there after the layer is active."""
+    import pickle
+
+    from vllite import LLM
+
+    (tmp_path / "vllm_style_target_mp.py").write_text(VLLM_STYLE_PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("VLLITE_PLUGINS", "")
+    monkeypatch.setenv("VLLITE_ENABLE_MULTIPROCESSING", "1")
+    vllm_compat.activate()  # as a user does before importing a vLLM-style class in their own code
+    cls = importlib.import_module("vllm_style_target_mp").TargetTokenLogitsProcessor
+    model = str(make_tiny_model_dir_cached("llama"))
+    config = EngineArgs(model=model, logits_processors=[cls]).create_engine_config()
+    assert pickle.loads(pickle.dumps(config)).logits_processors == ["vllm_style_target_mp:TargetTokenLogitsProcessor"]
+    llm = LLM(model, dtype="float32", skip_tokenizer_init=True, max_model_len=64, logits_processors=[cls])
+    try:
+        params = SamplingParams(max_tokens=4, ignore_eos=True, detokenize=False, extra_args={"target_token": 9})
+        out = llm.generate([{"prompt_token_ids": [5, 6, 7]}], params, use_tqdm=False)
+    finally:
+        llm.shutdown()
+        sys.modules.pop("vllm_style_target_mp", None)
+    assert list(out[0].outputs[0].token_ids) == [9, 9, 9, 9]
