@@ -11,81 +11,65 @@ from vllite.hookspecs import hookimpl
 
 class PluginsCommand:
     """``vllite plugins``: every loaded plugin, its distribution and entry-point group, the hooks it implements and
-    what it registers. Lists the builtins, the ``vllite`` group and the logits-processor classes of the
-    ``vllm.logits_processors`` / ``vllite.logits_processors`` groups, filtered by ``VLLITE_PLUGINS`` /
-    ``VLLITE_DISABLE_PLUGIN_AUTOLOAD`` exactly as the engine filters them."""
+    what it registers, then the logits-processor entry points of the ``vllm.logits_processors`` /
+    ``vllite.logits_processors`` groups (distribution, entry point, class), filtered by ``VLLITE_PLUGINS`` /
+    ``VLLITE_DISABLED_PLUGINS`` / ``VLLITE_DISABLE_PLUGIN_AUTOLOAD`` exactly as the engine filters them.
 
-    help = "List loaded plugins, their hooks and the components they register."
+    Every logits processor (entry point or hook-registered) goes through the engine's own interface check, and the
+    registries through theirs; a broken one is marked ``BROKEN`` with the error engine start-up would raise. With
+    ``--check`` the command exits with 1 when anything is broken, naming each on standard error (see
+    :mod:`vllite.plugin_report`)."""
+
+    help = "List loaded plugins, their hooks and the components they register; --check fails on a broken one."
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
+        parser.add_argument(
+            "--check",
+            action="store_true",
+            help="Exit with status 1 if any plugin or logits processor is broken (each is named on stderr).",
+        )
 
     def run(self, args: argparse.Namespace) -> int:
         import json
 
-        rows = _hook_plugin_rows() + _logits_processor_rows()
+        from vllite.plugin_report import plugin_report
+
+        rows = plugin_report()
+        broken = [row for row in rows if row.broken]
         if args.json:
-            print(json.dumps(rows, indent=2))
-            return 0
-        for row in rows:
-            group = f"  (group {row['group']})" if row["group"] else ""
-            print(f"{row['name']}  [{row['distribution']}]{group}")
-            if "entry_point" in row:
-                print(f"    class: {row['entry_point']}")
-            else:
-                print(f"    hooks: {', '.join(row['hooks']) or '-'}")
-            for kind, names in row["components"].items():
-                print(f"    {kind}: {', '.join(sorted(names))}")
+            print(json.dumps([row.as_json() for row in rows], indent=2))
+        else:
+            _print_plugin_rows(rows)
+        disable = sorted({row.disable_name for row in broken if row.disable_name})
+        hint = f" (VLLITE_DISABLED_PLUGINS={','.join(disable)} turns them off)" if disable else ""
+        if args.check:
+            for row in broken:
+                for message in row.errors:
+                    print(f"vllite: error: {message}", file=sys.stderr)
+            if broken:
+                print(f"vllite: error: {len(broken)} broken plugin(s){hint}", file=sys.stderr)
+                return 1
+            print(f"{len(rows)} plugins checked, none broken.", file=sys.stderr if args.json else sys.stdout)
+        elif broken and not args.json:
+            print(f"{len(broken)} broken: the engine will not start while they load{hint}.")
         return 0
 
 
-def _hook_plugin_rows() -> list[dict[str, Any]]:
-    """The pluggy plugins: builtins, then the ``vllite`` entry-point group, with what each registers."""
-    from vllite.plugin_manager import COMPONENT_KINDS, get_plugin_manager
-
-    manager = get_plugin_manager()
-    rows: dict[str, dict[str, Any]] = {}
-    for name, plugin in manager.pm.list_name_plugin():
-        info = manager.entry_points.get(name)
-        rows[name] = {
-            "name": name,
-            "distribution": f"{info.dist_name} {info.dist_version}" if info else "vllite (builtin)",
-            "group": info.group if info else None,
-            "hooks": sorted(_hooks_of(manager.pm, plugin)),
-            "components": {},
-        }
-    for kind in COMPONENT_KINDS:
-        for component in manager.components(kind).values():
-            rows[component.plugin]["components"].setdefault(kind, []).append(component.name)
-    return list(rows.values())
-
-
-def _logits_processor_rows() -> list[dict[str, Any]]:
-    """One row per logits-processor entry point, discovered and checked as the engine's loader does; a broken
-    one raises ``PluginLoadError`` here as it would at engine start-up."""
-    from vllite.logits_processor.loader import LOGITSPROCS_GROUPS, check_logitsproc_class
-    from vllite.plugin_manager import iter_entry_points
-
-    rows = []
-    for group in LOGITSPROCS_GROUPS:
-        for info in iter_entry_points(group):
-            origin = f"{info.describe()} in group {group!r}"
-            check_logitsproc_class(info.load(), origin=origin, plugin=info.name, distribution=info.dist_name)
-            rows.append(
-                {
-                    "name": info.name,
-                    "distribution": f"{info.dist_name} {info.dist_version}",
-                    "group": group,
-                    "entry_point": info.value,
-                    "hooks": [],
-                    "components": {"logits_processors": [info.name]},
-                }
-            )
-    return rows
-
-
-def _hooks_of(pm: Any, plugin: Any) -> list[str]:
-    return [caller.name for caller in pm.get_hookcallers(plugin) or []]
+def _print_plugin_rows(rows: list[Any]) -> None:
+    for row in rows:
+        group = f"  (group {row.group})" if row.group else ""
+        print(f"{row.name}  [{row.distribution}]{group}")
+        if row.entry_point is not None:
+            print(f"    entry point: {row.entry_point}")
+            if row.cls:
+                print(f"    class: {row.cls}")
+        else:
+            print(f"    hooks: {', '.join(row.hooks) or '-'}")
+            for kind, names in row.components.items():
+                print(f"    {kind}: {', '.join(names)}")
+        for message in row.errors:
+            print(f"    BROKEN: {message}")
 
 
 def _add_generation_arguments(parser: argparse.ArgumentParser) -> None:

@@ -179,13 +179,16 @@ class BatchStateError(InternalStateError):
 # ---------------------------------------------------------------------------- tools
 class PluginHookError(VlliteError, RuntimeError):
     """A plugin's method raised while the engine served a request; the message names the plugin (class), the hook
-    and the exception. The engine finishes the affected request(s) with ``FinishReason.ERROR`` and goes on."""
+    and the exception, and ``source`` (where known: the entry point and distribution the class came from). The
+    engine finishes the affected request(s) with ``FinishReason.ERROR`` and goes on."""
 
-    def __init__(self, plugin: object, hook: str, cause: BaseException):
+    def __init__(self, plugin: object, hook: str, cause: BaseException, *, source: str | None = None):
         cls = plugin if isinstance(plugin, type) else type(plugin)
         self.plugin = f"{cls.__module__}.{cls.__qualname__}"
         self.hook = hook
-        super().__init__(f"{self.plugin}.{hook} raised {type(cause).__name__}: {cause}")
+        self.source = source
+        where = f" [{source}]" if source else ""
+        super().__init__(f"{self.plugin}.{hook} raised {type(cause).__name__}: {cause}{where}")
 
 
 class LogitsProcessorRowsError(VlliteError, RuntimeError):

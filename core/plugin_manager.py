@@ -4,9 +4,11 @@ The engine never calls pluggy per token: at start-up :func:`get_registry` asks e
 its components once and keeps a ``name -> object`` dict. Class paths (``pkg.mod:Class`` or ``pkg.mod.Class``) are
 accepted wherever a registered name is.
 
-Environment:
-- ``VLLITE_PLUGINS``: comma-separated entry-point names to load (empty loads none; unset loads all). Applies to every
-  entry-point group vllite reads, including the logits-processor groups.
+Environment (applies to every entry-point group vllite reads, including the logits-processor groups):
+- ``VLLITE_PLUGINS``: comma-separated entry-point names to load (empty loads none; unset loads all). An entry with a
+  leading ``-`` turns that plugin off instead: ``VLLITE_PLUGINS=-a,-b`` loads all but ``a`` and ``b``;
+  ``VLLITE_PLUGINS=a,-b`` loads only ``a``.
+- ``VLLITE_DISABLED_PLUGINS``: comma-separated entry-point names never to load, whatever ``VLLITE_PLUGINS`` says.
 - ``VLLITE_DISABLE_PLUGIN_AUTOLOAD=1``: load no third-party plugins at all.
 """
 
@@ -82,7 +84,8 @@ class EntryPointInfo:
             return self.entry_point.load()
         except Exception as exc:
             raise PluginLoadError(
-                f"Failed to load {self.describe()} in group {self.group!r}: {type(exc).__name__}: {exc}",
+                f"Failed to load {self.describe()} in group {self.group!r}: {type(exc).__name__}: {exc} "
+                f"(VLLITE_DISABLED_PLUGINS={self.name} skips it)",
                 plugin=self.name,
                 distribution=self.dist_name,
             ) from exc
@@ -98,22 +101,46 @@ class Component:
     builtin: bool
 
 
-def plugin_filter() -> set[str] | None:
-    """The entry-point names allowed by the environment: ``None`` means all, an empty set means none."""
+@dataclass(frozen=True)
+class PluginFilter:
+    """Which entry points may load: those in ``allowed`` (``None``: any name) and not in ``denied``."""
+
+    allowed: frozenset[str] | None = None
+    denied: frozenset[str] = frozenset()
+
+    def allows(self, name: str) -> bool:
+        return (self.allowed is None or name in self.allowed) and name not in self.denied
+
+
+def _names(value: str) -> list[str]:
+    return [name.strip() for name in value.split(",") if name.strip()]
+
+
+def plugin_filter() -> PluginFilter:
+    """The filter the environment sets (see the module docstring): ``VLLITE_PLUGINS`` entries without ``-`` allow,
+    entries with a leading ``-`` and ``VLLITE_DISABLED_PLUGINS`` deny; only denials (or no ``VLLITE_PLUGINS``)
+    allow every other name, and ``VLLITE_PLUGINS=`` allows none."""
     if os.environ.get("VLLITE_DISABLE_PLUGIN_AUTOLOAD", "").strip() in ("1", "true", "True"):
-        return set()
-    allowed = os.environ.get("VLLITE_PLUGINS")
-    if allowed is None:
-        return None
-    return {name.strip() for name in allowed.split(",") if name.strip()}
+        return PluginFilter(allowed=frozenset())
+    denied = set(_names(os.environ.get("VLLITE_DISABLED_PLUGINS", "")))
+    value = os.environ.get("VLLITE_PLUGINS")
+    if value is None:
+        return PluginFilter(None, frozenset(denied))
+    entries = _names(value)
+    allowed = {name for name in entries if not name.startswith("-")}
+    denied.update(name[1:].strip() for name in entries if name.startswith("-") and name[1:].strip())
+    only_denials = bool(entries) and not allowed
+    return PluginFilter(None if only_denials else frozenset(allowed), frozenset(denied))
 
 
 def iter_entry_points(group: str) -> list[EntryPointInfo]:
-    """The entry points of ``group`` that ``VLLITE_PLUGINS`` / ``VLLITE_DISABLE_PLUGIN_AUTOLOAD`` allow, sorted."""
+    """The entry points of ``group`` that the environment's :func:`plugin_filter` allows, sorted."""
     allowed = plugin_filter()
     found: dict[tuple[str, str], EntryPointInfo] = {}
     for ep in metadata.entry_points(group=group):
-        if allowed is not None and ep.name not in allowed:
+        if not allowed.allows(ep.name):
+            if ep.name in allowed.denied:
+                logger.debug("Entry point %r of group %r is disabled by the environment", ep.name, group)
             continue
         dist = getattr(ep, "dist", None)
         dist_name = dist.metadata["Name"] if dist is not None else "<unknown>"
@@ -217,7 +244,15 @@ class PluginManager:
 
     def describe_plugin(self, name: str) -> str:
         info = self.entry_points.get(name)
-        return info.describe() if info else f"builtin plugin {name!r}"
+        if info is not None:
+            return info.describe()
+        return f"builtin plugin {name!r}" if name in self.builtin_names else f"plugin {name!r}"
+
+    def distribution_of(self, name: str) -> str | None:
+        """The distribution that installed plugin ``name`` (an entry point), or ``None`` for builtins and plugins
+        registered at run time."""
+        info = self.entry_points.get(name)
+        return info.dist_name if info else None
 
     # ------------------------------------------------------------------ registries
     def components(self, kind: str) -> dict[str, Component]:
@@ -231,26 +266,43 @@ class PluginManager:
             return registry
 
     def _build_registry(self, kind: str) -> dict[str, Component]:
-        hook_name, required = COMPONENT_KINDS[kind]
+        _, required = COMPONENT_KINDS[kind]
+        components, errors = self.registrations(kind)
+        if errors:
+            raise errors[0]
         registry: dict[str, Component] = {}
+        for component in components:
+            self._add_component(registry, kind, required, component)
+        return registry
+
+    def registrations(self, kind: str) -> tuple[list[Component], list[PluginLoadError]]:
+        """Everything the register hook of ``kind`` registers, in order (builtins first), unchecked and with
+        duplicates kept, and a ``PluginLoadError`` for each plugin whose hook raised (its other registrations are
+        kept). What the registry is built from; ``vllite plugins`` checks each registration on its own."""
+        hook_name, _ = COMPONENT_KINDS[kind]
+        components: list[Component] = []
+        errors: list[PluginLoadError] = []
         # get_hookimpls() lists implementations in registration order: builtins first.
         for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
             plugin_name = impl.plugin_name
             builtin = plugin_name in self.builtin_names
 
             def register(name: str, obj: Any, _plugin: str = plugin_name, _builtin: bool = builtin) -> None:
-                self._add_component(registry, kind, required, Component(name, obj, _plugin, _builtin))
+                components.append(Component(name, obj, _plugin, _builtin))
 
             try:
                 impl.function(register=register)
-            except PluginLoadError:
-                raise
+            except PluginLoadError as exc:
+                errors.append(exc)
             except Exception as exc:
-                raise PluginLoadError(
+                error = PluginLoadError(
                     f"{self.describe_plugin(plugin_name)} failed in {hook_name}: {type(exc).__name__}: {exc}",
                     plugin=plugin_name,
-                ) from exc
-        return registry
+                    distribution=self.distribution_of(plugin_name),
+                )
+                error.__cause__ = exc
+                errors.append(error)
+        return components, errors
 
     def _add_component(
         self, registry: dict[str, Component], kind: str, required: tuple[str, ...], component: Component
@@ -261,6 +313,7 @@ class PluginManager:
                 f"{self.describe_plugin(component.plugin)} registered {kind[:-1]} {component.name!r} "
                 f"({component.obj!r}) which lacks {', '.join(missing)}.",
                 plugin=component.plugin,
+                distribution=self.distribution_of(component.plugin),
             )
         previous = registry.get(component.name)
         if previous is not None:
@@ -276,6 +329,7 @@ class PluginManager:
                     f"Two plugins register the {kind[:-1]} name {component.name!r}: "
                     f"{self.describe_plugin(previous.plugin)} and {self.describe_plugin(component.plugin)}.",
                     plugin=component.plugin,
+                    distribution=self.distribution_of(component.plugin),
                 )
         registry[component.name] = component
 

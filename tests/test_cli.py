@@ -126,7 +126,10 @@ def test_plugins_reports_a_broken_logits_processor_like_engine_start_up(plugin_e
         {"vllm.logits_processors": {"cli_broken": "cli_lp_broken_mod:Missing"}},
         {"cli_lp_broken_mod": "X = 1\n"},
     )
-    assert main(["plugins"]) == 1
+    assert main(["plugins"]) == 0  # listed and marked, not a crash
+    out = capsys.readouterr().out
+    assert "cli_broken  [cli-lp-broken 1.0]" in out and "    BROKEN: Failed to load entry point 'cli_broken'" in out
+    assert main(["plugins", "--check"]) == 1
     err = capsys.readouterr().err
     assert "cli_broken" in err and "cli-lp-broken" in err
 

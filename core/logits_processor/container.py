@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain
 from typing import TYPE_CHECKING
 
@@ -33,14 +33,27 @@ class LogitsProcessors:
     names the rows it failed on; only those rows fail. A batch-level processor that raises cannot say which row it
     failed on, and may have half-written the batch: every row of the batch fails. Each failed row's message
     names the processor class, ``apply`` and the exception; the model runner fails those rows' requests.
+    An ``update_state`` that raises is re-raised as ``PluginHookError`` naming the processor (the step fails as
+    it would with the original exception). ``origins`` (aligned with ``logitsprocs``; the loader passes them)
+    say where each processor came from, its entry point and distribution; every such message ends with it.
     """
 
-    def __init__(self, logitsprocs: Iterable[LogitsProcessor] | None = None) -> None:
+    def __init__(
+        self, logitsprocs: Iterable[LogitsProcessor] | None = None, origins: Sequence[str | None] | None = None
+    ) -> None:
         self.argmax_invariant: list[LogitsProcessor] = []
         self.non_argmax_invariant: list[LogitsProcessor] = []
-        for proc in logitsprocs or ():
+        self._origins: dict[int, str] = {}
+        for index, proc in enumerate(logitsprocs or ()):
             (self.argmax_invariant if proc.is_argmax_invariant() else self.non_argmax_invariant).append(proc)
+            origin = origins[index] if origins is not None and index < len(origins) else None
+            if origin:
+                self._origins[id(proc)] = origin
         self.failed_rows: dict[int, str] = {}
+
+    def origin_of(self, proc: LogitsProcessor) -> str | None:
+        """Where ``proc`` came from (entry point and distribution, registered name or class path), if known."""
+        return self._origins.get(id(proc))
 
     @property
     def all(self) -> Iterator[LogitsProcessor]:
@@ -53,7 +66,10 @@ class LogitsProcessors:
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         """Hands one step's update (or ``None``) to every processor; call it every step before the forward."""
         for proc in self.all:
-            proc.update_state(batch_update)
+            try:
+                proc.update_state(batch_update)
+            except Exception as exc:
+                raise PluginHookError(proc, "update_state", exc, source=self.origin_of(proc)) from exc
 
     def apply_non_argmax_invariant(self, logits: torch.Tensor) -> torch.Tensor:
         """Runs the processors that may change the argmax, in order; call before greedy sampling."""
@@ -72,13 +88,23 @@ class LogitsProcessors:
             return proc.apply(logits)
         except LogitsProcessorRowsError as exc:
             for row, message in exc.rows.items():
-                self.failed_rows.setdefault(row, message)
+                self.failed_rows.setdefault(row, self._name_row_failure(proc, message))
             return exc.logits  # type: ignore[return-value]
         except Exception as exc:
-            message = str(PluginHookError(proc, "apply", exc))
+            message = str(PluginHookError(proc, "apply", exc, source=self.origin_of(proc)))
             for row in range(logits.shape[0]):
                 self.failed_rows.setdefault(row, message)
             return logits
+
+    def _name_row_failure(self, proc: LogitsProcessor, message: str) -> str:
+        """A row message of ``LogitsProcessorRowsError`` naming the processor's class (when the processor did not)
+        and its origin."""
+        cls = type(proc)
+        named = getattr(cls, "slot_cls", cls)  # a slot-interface adapter reports its inner class
+        if f"{named.__module__}.{named.__qualname__}" not in message:
+            message = f"{cls.__module__}.{cls.__qualname__}.apply failed: {message}"
+        origin = self.origin_of(proc)
+        return f"{message} [{origin}]" if origin else message
 
     def take_failed_rows(self) -> dict[int, str]:
         """The rows a processor failed on since the last call (``row -> message``), and forgets them."""

@@ -2,11 +2,14 @@
 
 Order: the registered processors (builtins first, then those contributed through the ``vllite`` plugin
 hook), then the classes of the ``vllm.logits_processors`` and ``vllite.logits_processors`` entry-point groups
-(filtered by ``VLLITE_PLUGINS`` / ``VLLITE_DISABLE_PLUGIN_AUTOLOAD`` like every other group), then explicit
+(filtered by ``VLLITE_PLUGINS`` / ``VLLITE_DISABLED_PLUGINS`` / ``VLLITE_DISABLE_PLUGIN_AUTOLOAD`` like every
+other group; see :mod:`vllite.logits_processor.sources`), then explicit
 ones given as classes or class paths (``pkg.mod:Class`` or ``pkg.mod.Class``), first the ``custom``
 argument, then ``vllm_config.logits_processors``. A class reached twice is used once, at its first
 position. Nothing is skipped silently: a plugin that fails to import, is not a class, or lacks part of
-the interface raises ``PluginLoadError`` naming the entry point, the distribution and what is missing.
+the interface raises ``PluginLoadError`` naming the entry point, the distribution and what is missing (for a
+hook-registered class: the registered name, the plugin whose hook registered it and its distribution). The
+built container keeps each processor's origin, so a processor that raises while the engine runs is named with it.
 
 A class satisfies the interface by shape, not by ancestry, so a subclass of vLLM's own ``LogitsProcessor``
 loads without vLLM being imported here. Classes of vLLM's newer slot-based interface are adapted
@@ -25,14 +28,23 @@ from vllite.exceptions import PluginLoadError
 from vllite.logits_processor.container import LogitsProcessors
 from vllite.logits_processor.interface import LogitsProcessor
 from vllite.logits_processor.slot import adapt_slot_processor, is_slot_interface
+from vllite.logits_processor.sources import (
+    LOGITSPROCS_GROUP as LOGITSPROCS_GROUP,
+)
+from vllite.logits_processor.sources import (
+    LOGITSPROCS_GROUPS as LOGITSPROCS_GROUPS,
+)
+from vllite.logits_processor.sources import (
+    LogitsProcSource,
+    entry_point_sources,
+    hook_sources,
+)
 
 if TYPE_CHECKING:
     import torch
 
     from vllite.sampling_params import SamplingParams
 
-LOGITSPROCS_GROUP = "vllm.logits_processors"
-LOGITSPROCS_GROUPS = (LOGITSPROCS_GROUP, "vllite.logits_processors")
 REGISTRY_KIND = "logits_processors"
 
 _V1_METHODS = {
@@ -46,7 +58,8 @@ _SLOT_CTOR = "a constructor taking (vllm_config, req_states)"
 
 @dataclass(frozen=True)
 class LoadedLogitsProcessor:
-    """A checked processor class and where it came from (for error messages)."""
+    """A checked processor class and where it came from (for error messages): ``plugin`` is the entry point (or
+    class path) that contributed it and ``distribution`` the distribution that installed it, where known."""
 
     cls: type[LogitsProcessor]
     origin: str
@@ -103,6 +116,14 @@ def check_logitsproc_class(
     return obj
 
 
+def check_source(source: LogitsProcSource) -> LoadedLogitsProcessor:
+    """Loads one source and checks its class as engine start-up does; ``PluginLoadError`` names the source (the
+    entry point and distribution) and what is wrong."""
+    plugin, distribution = source.plugin, source.distribution
+    cls = check_logitsproc_class(source.load(), origin=source.origin, plugin=plugin, distribution=distribution)
+    return LoadedLogitsProcessor(cls, source.origin, plugin, distribution)
+
+
 def _explicit(items: Iterable[type | str]) -> list[LoadedLogitsProcessor]:
     from vllite.plugin_manager import resolve_class_path
 
@@ -121,19 +142,13 @@ def _explicit(items: Iterable[type | str]) -> list[LoadedLogitsProcessor]:
 
 def load_logitsprocs(vllm_config: Any = None, custom: Sequence[type | str] = ()) -> list[LoadedLogitsProcessor]:
     """Every processor class in load order (see the module docstring), checked, without constructing any."""
-    from vllite.plugin_manager import get_registry, iter_entry_points
+    from vllite.plugin_manager import get_plugin_manager
 
     vllm_compat.activate()  # plugins may `import vllm...`: served by vllite when no real vLLM is installed
 
-    loaded: list[LoadedLogitsProcessor] = []
-    for name, obj in get_registry(REGISTRY_KIND).items():
-        origin = f"registered logits processor {name!r}"
-        loaded.append(LoadedLogitsProcessor(check_logitsproc_class(obj, origin=origin, plugin=name), origin, name))
-    for group in LOGITSPROCS_GROUPS:
-        for info in iter_entry_points(group):
-            origin = f"{info.describe()} in group {group!r}"
-            cls = check_logitsproc_class(info.load(), origin=origin, plugin=info.name, distribution=info.dist_name)
-            loaded.append(LoadedLogitsProcessor(cls, origin, info.name, info.dist_name))
+    manager = get_plugin_manager()
+    sources = hook_sources(manager, manager.components(REGISTRY_KIND).values()) + entry_point_sources()
+    loaded = [check_source(source) for source in sources]
     loaded += _explicit([*custom, *(getattr(vllm_config, "logits_processors", None) or [])])
     seen: set[type] = set()
     unique = []
@@ -160,6 +175,7 @@ def build_logitsprocs(
 
     device = torch.device(device)
     procs = []
+    origins = []
     for item in load_logitsprocs(vllm_config, custom):
         try:
             procs.append(item.cls(vllm_config, device, is_pin_memory))
@@ -169,7 +185,8 @@ def build_logitsprocs(
                 plugin=item.plugin,
                 distribution=item.distribution,
             ) from exc
-    return LogitsProcessors(procs)
+        origins.append(item.origin)
+    return LogitsProcessors(procs, origins=origins)
 
 
 def validate_sampling_params(

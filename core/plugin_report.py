@@ -1,0 +1,148 @@
+"""What ``vllite plugins`` reports: every plugin and logits processor the engine would load, each checked the way
+engine start-up checks it, a broken one marked with the error start-up would raise instead of stopping the report.
+
+Rows, in order: the pluggy plugins (builtins, then the ``vllite`` entry-point group) with the hooks they implement
+and what they register, then one row per entry point of the ``vllm.logits_processors`` /
+``vllite.logits_processors`` groups. Everything goes through the engine's own code: the environment's plugin
+filter, the registries' checks (required methods, duplicate names), and the logits-processor loader's
+:func:`~vllite.logits_processor.loader.check_source`, which runs on every entry point and on every class
+registered through the ``vllite_register_logits_processors`` hook.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from vllite.exceptions import PluginLoadError
+
+if TYPE_CHECKING:
+    from vllite.plugin_manager import Component, PluginManager
+
+Mark = Callable[[str | None, str], None]
+
+
+@dataclass
+class PluginRow:
+    """One line of the report. ``errors`` holds the ``PluginLoadError`` messages of everything broken in it (empty:
+    it loads); ``disable_name`` is the entry-point name that ``VLLITE_DISABLED_PLUGINS`` takes to turn it off
+    (``None`` for builtins)."""
+
+    name: str
+    distribution: str
+    group: str | None
+    hooks: list[str] = field(default_factory=list)
+    components: dict[str, list[str]] = field(default_factory=dict)
+    entry_point: str | None = None
+    cls: str | None = None
+    errors: list[str] = field(default_factory=list)
+    disable_name: str | None = None
+
+    @property
+    def broken(self) -> bool:
+        return bool(self.errors)
+
+    def add_error(self, message: str) -> None:
+        if message not in self.errors:
+            self.errors.append(message)
+
+    def as_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["class"] = data.pop("cls")
+        if self.entry_point is None:
+            del data["entry_point"], data["class"]
+        return data
+
+
+def _class_path(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__qualname__)}"
+
+
+def hook_plugin_rows() -> list[PluginRow]:
+    """The pluggy plugins, with what each registers; registry errors and broken hook-registered logits processors
+    are marked on the plugin that caused them."""
+    from vllite.plugin_manager import COMPONENT_KINDS, get_plugin_manager
+
+    manager = get_plugin_manager()
+    rows: dict[str, PluginRow] = {}
+    for name, plugin in manager.pm.list_name_plugin():
+        info = manager.entry_points.get(name)
+        rows[name] = PluginRow(
+            name=name,
+            distribution=f"{info.dist_name} {info.dist_version}" if info else "vllite (builtin)",
+            group=info.group if info else None,
+            hooks=sorted(caller.name for caller in manager.pm.get_hookcallers(plugin) or []),
+            disable_name=name if info else None,
+        )
+
+    def mark(plugin: str | None, message: str) -> None:
+        row = rows.get(plugin or "")
+        if row is None:  # not pinned to one plugin: report it on its own line
+            row = rows.setdefault("?", PluginRow(name="?", distribution="?", group=None))
+        row.add_error(message)
+
+    for kind in COMPONENT_KINDS:
+        registered, hook_errors = manager.registrations(kind)
+        for component in registered:
+            names = rows[component.plugin].components.setdefault(kind, [])
+            if component.name not in names:
+                names.append(component.name)
+        for error in hook_errors:
+            mark(error.plugin, str(error))
+        if kind == "logits_processors":
+            _check_registered_logitsprocs(manager, registered, mark)
+        try:
+            manager.components(kind)
+        except PluginLoadError as exc:  # duplicate names, missing methods: the first one start-up would raise
+            row = rows.get(exc.plugin or "")
+            if row is None or not row.errors:  # a broken processor is already marked by its own check
+                mark(exc.plugin, str(exc))
+    for row in rows.values():
+        for names in row.components.values():
+            names.sort()
+    return list(rows.values())
+
+
+def _check_registered_logitsprocs(manager: PluginManager, registered: list[Component], mark: Mark) -> None:
+    from vllite.logits_processor.loader import check_source
+    from vllite.logits_processor.sources import hook_sources
+
+    for source in hook_sources(manager, registered):
+        try:
+            check_source(source)
+        except PluginLoadError as exc:
+            mark(source.plugin, str(exc))
+
+
+def logits_processor_rows() -> list[PluginRow]:
+    """One row per logits-processor entry point the environment's filter allows, loaded and checked as the
+    engine's loader does; a broken one carries the ``PluginLoadError`` start-up would raise."""
+    from vllite.logits_processor.loader import check_logitsproc_class
+    from vllite.logits_processor.slot import is_slot_interface
+    from vllite.logits_processor.sources import entry_point_sources
+
+    rows = []
+    for source in entry_point_sources():
+        row = PluginRow(
+            name=source.name,
+            distribution=f"{source.distribution} {source.dist_version}",
+            group=source.group,
+            components={"logits_processors": [source.name]},
+            entry_point=source.reference,
+            disable_name=source.name,
+        )
+        try:
+            obj = source.load()
+            slot = isinstance(obj, type) and is_slot_interface(obj)
+            row.cls = _class_path(obj) + (" (slot interface, adapted)" if slot else "")
+            check_logitsproc_class(obj, origin=source.origin, plugin=source.plugin, distribution=source.distribution)
+        except PluginLoadError as exc:
+            row.add_error(str(exc))
+        rows.append(row)
+    return rows
+
+
+def plugin_report() -> list[PluginRow]:
+    """Every row of ``vllite plugins``: the pluggy plugins, then the logits-processor entry points."""
+    return hook_plugin_rows() + logits_processor_rows()
