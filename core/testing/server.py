@@ -11,6 +11,8 @@ import threading
 import time
 from collections.abc import Sequence
 
+from vllite.exceptions import EngineStartupError
+
 FORCED_SEQUENCE = "vllite.testing.logitsprocs:ForcedSequenceLogitsProcessor"
 _READY = re.compile(r"vllite: serving .* on (http://\S+) ")
 
@@ -48,7 +50,7 @@ class RemoteServer:
                 return match.group(1)
         self.process.kill()
         self.process.wait()
-        raise RuntimeError("vllite serve did not start:\n" + "".join(self.log[-40:]))
+        raise EngineStartupError("vllite serve did not start:\n" + "".join(self.log[-40:]))
 
     def _drain(self) -> None:
         assert self.process.stdout is not None
