@@ -18,7 +18,10 @@ import dataclasses
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from vllite.kv_connector.config import KVTransferConfig
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 HASH_ALGOS = ("sha256", "fast")
@@ -171,6 +174,8 @@ class EngineConfig:
     logits_processors: list[Any] = field(default_factory=list)
     # Free-form settings for plugins, keyed by plugin name.
     plugin_config: dict[str, Any] = field(default_factory=dict)
+    # The KV connector to build (--kv-transfer-config); None: no connector.
+    kv_transfer_config: KVTransferConfig | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled (for the engine-core process) with each importable class of ``logits_processors`` as its class
@@ -305,6 +310,13 @@ class EngineArgs:
     device: str = field(default="auto", metadata=_help("Device: auto, cpu, cuda, or a registered executor's."))
     executor: str = field(default="default", metadata=_help("Executor plugin name."))
     disable_log_stats: bool = field(default=True, metadata=_help("Do not collect per-step stats."))
+    kv_transfer_config: Any = field(
+        default=None,
+        metadata=_help(
+            'KV connector as JSON (vLLM\'s fields), e.g. \'{"kv_connector": "offload", "kv_role": "kv_both"}\'.',
+            cli_type=_json_dict,
+        ),
+    )
     plugin_config: dict[str, Any] = field(default_factory=dict, metadata={"cli": False})
 
     # ------------------------------------------------------------------ CLI
@@ -332,7 +344,7 @@ class EngineArgs:
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
         names = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in vars(args).items() if k in names}
-        for name in ("policy_args", "logits_processors"):
+        for name in ("policy_args", "logits_processors", "kv_transfer_config"):
             if kwargs.get(name) is None:
                 kwargs.pop(name, None)
         return cls(**kwargs)
@@ -385,10 +397,26 @@ class EngineArgs:
             executor=self.executor,
             logits_processors=list(self.logits_processors or []),
             plugin_config=dict(self.plugin_config),
+            kv_transfer_config=self._kv_transfer_config(),
         )
         if self.max_model_len is not None:
             config._token_budget(self.max_model_len)  # fails now, not in the engine, for an impossible token budget
         return config
+
+    def _kv_transfer_config(self) -> KVTransferConfig | None:
+        """``kv_transfer_config`` (a ``KVTransferConfig``, a dict or JSON text) checked; ``ValueError`` naming the
+        bad field."""
+        from vllite.kv_connector.config import KVTransferConfig
+
+        value = self.kv_transfer_config
+        if value is None or isinstance(value, KVTransferConfig):
+            return value
+        if not isinstance(value, (str, dict)):
+            raise ValueError(f"kv_transfer_config must be a JSON object, got {type(value).__name__}.")
+        try:
+            return KVTransferConfig.from_json(value)
+        except TypeError as exc:  # a field of the wrong type the dataclass refused
+            raise ValueError(f"kv_transfer_config is invalid: {exc}.") from None
 
     def _validate(self) -> None:
         if self.dtype not in DTYPES:

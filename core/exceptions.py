@@ -18,6 +18,7 @@ The hierarchy (a class in brackets is a second base, kept so that callers catchi
     │                                   KVCacheNotAllocatedError, DeviceUnavailableError, AttentionRoutingError
     ├── InternalStateError [RuntimeError] ── KVCacheStateError, BatchStateError
     ├── PluginHookError [RuntimeError], LogitsProcessorRowsError [RuntimeError]
+    ├── KVBlockFileError, KVLoadError
     ├── BenchReplayError [RuntimeError], ServeBenchError [RuntimeError]
     └── the HTTP server's, one per status: BadRequestError [ValueError] (400), UnauthorizedError (401),
         ModelNotFoundError (404), RequestFailedError (500)
@@ -174,6 +175,17 @@ class KVCacheStateError(InternalStateError):
 class BatchStateError(InternalStateError):
     """The persistent input batch, its ``BatchUpdate`` builder, the logits processors' slots or the model
     runner's request states disagree with the step being run."""
+
+
+# ---------------------------------------------------------------------------- KV connectors
+class KVBlockFileError(VlliteError):
+    """A stored KV block file is missing, truncated, corrupt (checksum mismatch) or of another KV layout: the
+    connector treats it as a miss (or reports its blocks as failed loads), never loads it as KV."""
+
+
+class KVLoadError(VlliteError):
+    """A KV connector could not load a request's external KV (it reported the blocks as failed) and
+    ``kv_load_failure_policy`` is ``fail``: the request ends with ``FinishReason.ERROR`` carrying this message."""
 
 
 # ---------------------------------------------------------------------------- tools

@@ -34,12 +34,20 @@ class RequestStatus(enum.IntEnum):
         return self.name
 
     @staticmethod
+    def is_blocked_waiting(status: RequestStatus) -> bool:
+        """Waiting on something outside the scheduler (a KV load): skipped by admission until it resolves."""
+        return status in _BLOCKED_WAITING
+
+    @staticmethod
     def is_finished(status: RequestStatus) -> bool:
         return status > RequestStatus.PREEMPTED
 
     @staticmethod
     def get_finished_reason(status: RequestStatus) -> FinishReason | None:
         return _finished_reasons().get(status)
+
+
+_BLOCKED_WAITING = frozenset({RequestStatus.WAITING_FOR_REMOTE_KVS})
 
 
 @functools.cache
@@ -106,6 +114,10 @@ class Request:
         self.num_cached_tokens = -1
         self.num_preemptions = 0
         self.is_prefill_chunk = False
+        # Tokens a KV connector supplied at the latest admission (beyond the local prefix-cache hit).
+        self.num_external_computed_tokens = 0
+        # What the KV connector returned from ``request_finished``; sent on the request's last output.
+        self.kv_transfer_params: dict[str, Any] | None = None
         # Free-form per-request state for scheduler policies (e.g. Continuum's job id); never sent anywhere.
         self.extra: dict[str, Any] = {}
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 from vllite.policies.continuum_turns import turn_info
 from vllite.request import Request
@@ -69,6 +69,15 @@ class ContinuumRequestQueue(RequestQueue):
 
     def prepend_request(self, request: Request) -> None:
         self._push(request, PREEMPTED)
+
+    def requeue_skipped(self, requests: Sequence[Request]) -> None:
+        """Back into the tier each came from: preempted requests (they ran before) to the first, others by their
+        job's pin."""
+        for request in requests:
+            if request.num_preemptions:
+                self.prepend_request(request)
+            else:
+                self.add_request(request)
 
     def peek_request(self) -> Request:
         for heap in self._heaps:

@@ -194,7 +194,11 @@ class BlockPool:
             block = blocks[i]
             if block.is_null:
                 continue
-            assert block.block_hash is None, f"{block} is already cached"
+            if block.block_hash is not None:
+                # Shared with another request that re-registered it first (after a failed KV load, see
+                # KVCacheManager.evict_blocks): the same position of the same chain, so the same hash.
+                assert block.block_hash == block_hashes[i], f"{block} is already cached under another hash"
+                continue
             block_hash = block_hashes[i]
             block.block_hash = block_hash
             cache_map.insert(block_hash, block)
@@ -218,6 +222,14 @@ class BlockPool:
             block.reset_hash()
         logger.info("Prefix cache reset.")
         return True
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Drops the hashes of the given blocks (in use or free): their content is wrong (a failed KV load), so
+        no prefix-cache lookup may find them. Blocks without a hash are left alone."""
+        for block_id in block_ids:
+            block = self.blocks[block_id]
+            if block.block_hash is not None:
+                self._evict(block)
 
     def _evict(self, block: KVCacheBlock) -> None:
         assert block.block_hash is not None

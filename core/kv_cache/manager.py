@@ -216,6 +216,20 @@ class KVCacheManager:
         """Releases the request's blocks, tail first, so its tail is evicted before its prefix. Idempotent."""
         self.manager.free(request.request_id)
 
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        """Removes ``block_ids`` from the prefix cache (their KV is wrong: a failed load, or computed on top of
+        one). Requests holding them keep them; each such request will register them again once it has recomputed
+        them (its count of cached leading blocks drops to the first evicted position)."""
+        if not block_ids:
+            return
+        self.block_pool.evict_blocks(block_ids)
+        manager = self.manager
+        for request_id, blocks in manager.req_to_blocks.items():
+            num_cached = manager.num_cached_block.get(request_id, 0)
+            first = next((i for i, b in enumerate(blocks[:num_cached]) if b.block_id in block_ids), None)
+            if first is not None:
+                manager.num_cached_block[request_id] = first
+
     # ------------------------------------------------------------------ per-request views
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
         """A snapshot of the request's blocks, in order (empty for an unknown request)."""

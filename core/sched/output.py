@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from vllite.kv_connector.base import KVConnectorOutput
     from vllite.request import Request
     from vllite.sampling_params import SamplingParams
 
@@ -102,6 +103,8 @@ class ModelRunnerOutput:
     # message naming the plugin, the hook and the exception. Their sampled tokens are discarded; the scheduler
     # finishes them with ERROR.
     failed_requests: dict[str, str] | None = None
+    # The KV connector's results of this step (finished transfers, failed loads); None without a connector.
+    kv_connector_output: KVConnectorOutput | None = None
 
     @classmethod
     def empty(cls) -> ModelRunnerOutput:

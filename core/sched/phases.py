@@ -98,21 +98,77 @@ def allocate_or_preempt(
 
 
 def admit_waiting(scheduler: Scheduler, step: StepState) -> None:
-    """Admits waiting requests in queue order while budget, batch width and KV blocks last."""
+    """Admits waiting requests in queue order while budget, batch width and KV blocks last.
+
+    Requests blocked on something outside the scheduler (``RequestStatus.is_blocked_waiting``: a KV load in
+    flight) and requests the KV connector defers (``None`` matched tokens) are set aside for this step without
+    holding up the requests behind them, and go back into the queue, in their order, when admission ends.
+    """
+    waiting = scheduler.waiting
+    skipped: list[Request] = []
+    try:
+        _admit_waiting(scheduler, step, skipped)
+    finally:
+        if skipped:
+            waiting.requeue_skipped(skipped)
+
+
+def _admit_waiting(scheduler: Scheduler, step: StepState, skipped: list[Request]) -> None:
     waiting = scheduler.waiting
     kv = scheduler.kv_cache_manager
+    kv_transfer = scheduler.kv_transfer
     while waiting and step.token_budget > 0 and len(scheduler.running) < scheduler.max_num_running_reqs:
         request = waiting.peek_request()
+        if RequestStatus.is_blocked_waiting(request.status) and not try_unblock(scheduler, request):
+            skipped.append(waiting.pop_request())
+            continue
+        num_external, load_async = 0, False
         if request.num_computed_tokens == 0:
             hit_blocks, num_hit = kv.get_computed_blocks(request)
+            if kv_transfer is not None:
+                try:
+                    matched = kv_transfer.lookup(request, num_hit)
+                except Exception as exc:
+                    waiting.pop_request()
+                    error = PluginHookError(kv_transfer.connector, "get_num_new_matched_tokens", exc)
+                    scheduler.fail_request(request, str(error))
+                    continue
+                if matched is None:  # the connector asks again next step
+                    skipped.append(waiting.pop_request())
+                    continue
+                num_external, load_async = matched
         else:
             hit_blocks, num_hit = kv.empty_kv_cache_blocks, 0
-        num_new = num_new_waiting_tokens(scheduler, request, request.num_computed_tokens + num_hit, step)
-        if num_new is None:
-            break  # whole prompt or nothing
-        lookahead = scheduler.num_lookahead_tokens
-        if kv.allocate_slots(request, num_new, num_hit, hit_blocks, num_lookahead_tokens=lookahead) is not None:
-            admit(scheduler, request, num_new, num_hit, step)
+        num_computed = request.num_computed_tokens + num_hit + num_external
+        num_new = 0  # with an asynchronous load: the load comes first, nothing is computed until it lands
+        if not load_async:
+            num_to_compute = num_new_waiting_tokens(scheduler, request, num_computed, step)
+            if num_to_compute is None:
+                break  # whole prompt or nothing
+            num_new = num_to_compute
+        lookahead = 0 if load_async else scheduler.num_lookahead_tokens
+        # Externally loaded blocks are cached only once the load is known to have worked.
+        if (
+            kv.allocate_slots(
+                request,
+                num_external + num_new,
+                num_hit,
+                hit_blocks,
+                num_lookahead_tokens=lookahead,
+                delay_cache_blocks=num_external > 0,
+            )
+            is not None
+        ):
+            if kv_transfer is not None and not _after_alloc(scheduler, request, num_external):
+                continue
+            if load_async:
+                waiting.pop_request()
+                kv_transfer.park(request, num_computed)  # type: ignore[union-attr]
+                skipped.append(request)
+                continue
+            admit(scheduler, request, num_new, num_hit + num_external, step)
+            if num_external:
+                kv_transfer.unverified.append(request)  # type: ignore[union-attr]
             continue
         try:
             released = scheduler.on_admission_blocked(request)
@@ -122,10 +178,40 @@ def admit_waiting(scheduler: Scheduler, step: StepState) -> None:
             continue
         if released:
             continue  # the policy released blocks: look at the (possibly new) head again
-        if not never_fits(scheduler, request.num_computed_tokens + num_hit + num_new):
+        if (
+            kv_transfer is not None
+            and not scheduler.running
+            and kv_transfer.release_landed(scheduler, skipped, request)
+        ):
+            continue  # blocks of a landed load were released: try again
+        if not never_fits(scheduler, num_computed + num_new):
             break  # out of blocks: no preemption to admit
         waiting.remove_requests([request])
         scheduler.fail_request(request, never_fits_message(scheduler, request))
+
+
+def try_unblock(scheduler: Scheduler, request: Request) -> bool:
+    """Whether a request in a blocked waiting status may be admitted now (its dependency resolved)."""
+    if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS and scheduler.kv_transfer is not None:
+        return scheduler.kv_transfer.try_unblock(scheduler, request)
+    return False
+
+
+def _after_alloc(scheduler: Scheduler, request: Request, num_external: int) -> bool:
+    """``update_state_after_alloc``; False when it raised (the request is then failed, its blocks freed)."""
+    kv_transfer = scheduler.kv_transfer
+    assert kv_transfer is not None
+    request.num_external_computed_tokens = num_external
+    try:
+        kv_transfer.connector.update_state_after_alloc(
+            request, scheduler.kv_cache_manager.get_block_ids(request.request_id), num_external
+        )
+    except Exception as exc:
+        scheduler.waiting.pop_request()
+        error = PluginHookError(kv_transfer.connector, "update_state_after_alloc", exc)
+        scheduler.fail_request(request, str(error))
+        return False
+    return True
 
 
 def num_new_waiting_tokens(scheduler: Scheduler, request: Request, num_computed: int, step: StepState) -> int | None:

@@ -11,7 +11,7 @@ import heapq
 import itertools
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 from vllite.request import Request
 
@@ -62,6 +62,17 @@ class RequestQueue(ABC):
         for request in requests:
             if request in self:
                 self.remove_request(request)
+
+    def requeue_skipped(self, requests: Sequence[Request]) -> None:
+        """Puts back requests that admission popped from the head in this order and set aside (blocked on a KV
+        load, or deferred by the KV connector), so that the queue's order is as before.
+
+        Default: ``prepend_request`` in reverse, which restores the order of a queue whose prepend puts a request at
+        its head (FCFS) or in its sorted place (priority). A queue whose ``prepend_request`` means more than that
+        (e.g. a tier for preempted requests) overrides this.
+        """
+        for request in reversed(requests):
+            self.prepend_request(request)
 
 
 class FCFSRequestQueue(RequestQueue):

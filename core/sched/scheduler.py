@@ -21,6 +21,7 @@ from vllite.request import Request, RequestStatus
 from vllite.sched.cached_data import make_cached_request_data
 from vllite.sched.faults import fail_request, release_finished, step_start
 from vllite.sched.interface import PauseState, SchedulerInterface
+from vllite.sched.kv_transfer import KVTransferState, make_kv_transfer
 from vllite.sched.output import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from vllite.sched.phases import admit_waiting, schedule_running
 from vllite.sched.policy_args import check_policy_args
@@ -108,7 +109,9 @@ class Scheduler(SchedulerInterface):
             if self.enable_caching
             else None
         )
-        self.connector = None
+        # The KV connector's scheduler side (vllite.sched.kv_transfer); None without --kv-transfer-config.
+        self.kv_transfer: KVTransferState | None = make_kv_transfer(self)
+        self.connector = self.kv_transfer.connector if self.kv_transfer is not None else None
 
         self.requests: dict[str, Request] = {}
         self.waiting: RequestQueue = self.create_waiting_queue()
@@ -204,6 +207,12 @@ class Scheduler(SchedulerInterface):
         prompt longer than ``max_model_len``."""
         if request.request_id in self.requests:
             raise ValueError(f"Request id {request.request_id!r} is already in the scheduler.")
+        kv_transfer = self.kv_transfer
+        if kv_transfer is not None and request.request_id in kv_transfer.held:
+            raise ValueError(
+                f"Request id {request.request_id!r} is still in use: the KV connector is transferring the KV of "
+                "the finished request of that id."
+            )
         if request.num_tokens == 0:
             raise ValueError(f"Request {request.request_id!r} has an empty prompt.")
         if request.num_tokens > self.max_model_len:
@@ -215,6 +224,11 @@ class Scheduler(SchedulerInterface):
             self.on_request_arrival(request)
         except Exception as exc:  # not registered yet: the engine rejects it with this error
             raise PluginHookError(self, "on_request_arrival", exc) from exc
+        if kv_transfer is not None:
+            try:
+                kv_transfer.connector.on_new_request(request)
+            except Exception as exc:
+                raise PluginHookError(kv_transfer.connector, "on_new_request", exc) from exc
         self.requests[request.request_id] = request
         self.waiting.add_request(request)
         if self.log_stats:
@@ -260,6 +274,8 @@ class Scheduler(SchedulerInterface):
         self._preempted_between_steps.discard(request_id)
         self.fail_after_step.pop(request_id, None)
         del self.requests[request_id]
+        if self.kv_transfer is not None and self.kv_transfer.hold_finished(self, request):
+            return  # its blocks go to the policy once the connector reports its transfers done
         release_finished(self, request)
 
     def fail_request(self, request: Request, error: str) -> None:
@@ -283,6 +299,8 @@ class Scheduler(SchedulerInterface):
         assert len(self.running) <= self.max_num_running_reqs
 
         output = self._make_output(step)
+        if self.kv_transfer is not None:
+            self.kv_transfer.build_meta(output)
         self.prev_step_scheduled_req_ids = set(step.num_scheduled_tokens)
         # After the output is built (it keeps the pre-step counts), before the model runs.
         for request in (*step.running, *step.new, *step.resumed):
@@ -361,7 +379,10 @@ class Scheduler(SchedulerInterface):
         return len(self.waiting) + len(self.running)
 
     def has_finished_requests(self) -> bool:
-        """Whether finished ids are still to be reported to the workers or the clients."""
+        """Whether finished ids are still to be reported to the workers or the clients, or finished requests'
+        blocks still wait for the KV connector (the engine keeps stepping so that the worker can report it)."""
+        if self.kv_transfer is not None and self.kv_transfer.held:
+            return True
         return bool(self.finished_req_ids) or any(self.finished_req_ids_dict.values())
 
     def get_request_counts(self) -> tuple[int, int]:
@@ -392,7 +413,10 @@ class Scheduler(SchedulerInterface):
                 self._preempt_request(request, now)
                 self._preempted_between_steps.add(request.request_id)
             self.prev_step_scheduled_req_ids = set()
-        ok = self.kv_cache_manager.reset_prefix_cache()
+        # With a KV connector, blocks are also held outside running requests (parked loads, delayed frees): a
+        # forced reset drops their hashes too.
+        force = reset_running_requests and self.kv_transfer is not None
+        ok = self.kv_cache_manager.reset_prefix_cache(force)
         if reset_running_requests and not ok:
             raise KVCacheStateError("Could not reset the prefix cache although every running request was preempted.")
         return ok
@@ -415,7 +439,9 @@ class Scheduler(SchedulerInterface):
         )
 
     def shutdown(self) -> None:
-        """Nothing to release in the base scheduler; plugins that open files override it."""
+        """Shuts the KV connector's scheduler side down (if any); plugins that open files extend it."""
+        if self.kv_transfer is not None:
+            self.kv_transfer.shutdown()
 
     def iter_requests(self) -> Iterable[Request]:
         """Every live request (waiting, preempted or running)."""

@@ -12,6 +12,8 @@ from vllite.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason, L
 from vllite.request import Request, RequestStatus
 from vllite.sched.stop import check_stop
 
+_NOTHING: frozenset[str] = frozenset()
+
 if TYPE_CHECKING:
     from vllite.sched.output import ModelRunnerOutput, SchedulerOutput
     from vllite.sched.scheduler import Scheduler
@@ -29,10 +31,14 @@ def update_from_output(
     max_model_len = scheduler.max_model_len
     failed = model_runner_output.failed_requests or {}
     fail_after_step = scheduler.fail_after_step
+    # KV transfers first: freed blocks, finished loads, failed loads (whose requests' tokens are not trusted).
+    recomputing: frozenset[str] | set[str] = _NOTHING
+    if scheduler.kv_transfer is not None:
+        recomputing = scheduler.kv_transfer.update_from_output(scheduler, model_runner_output.kv_connector_output)
     for request_id in scheduler_output.num_scheduled_tokens:
         request = scheduler.requests.get(request_id)
-        if request is None or request.is_finished():
-            continue  # finished (aborted) while the model ran
+        if request is None or request.is_finished() or request_id in recomputing:
+            continue  # finished (aborted) while the model ran, or recomputing after a failed KV load
         was_running = request.status == RequestStatus.RUNNING
         error = failed.get(request_id) or fail_after_step.pop(request_id, None)
         if error is not None:
@@ -74,6 +80,7 @@ def make_error_output(request: Request) -> EngineCoreOutput:
         events=request.take_events(),
         num_cached_tokens=max(request.num_cached_tokens, 0),
         error=request.error,
+        kv_transfer_params=request.kv_transfer_params,
     )
 
 
@@ -137,6 +144,7 @@ def make_request_output(
         num_cached_tokens=max(request.num_cached_tokens, 0),
         num_nans_in_logits=nans.get(request_id, 0) if nans else 0,
         error=request.error if stopped else None,
+        kv_transfer_params=request.kv_transfer_params if stopped else None,
     )
 
 

@@ -57,14 +57,22 @@ class ScriptedModelRunner:
             self._choose = lambda rid, pos: scripted[rid].pop(0) if scripted.get(rid) else 1000 + pos
         self._accept = accept
         self.num_tokens: dict[str, int] = {}  # the worker's view: prompt + outputs known
+        self.num_prompt_tokens: dict[str, int] = {}
 
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
         """One step; mirrors the worker's bookkeeping of new, resumed, running, finished and preempted requests."""
         for request_id in so.finished_req_ids | so.preempted_req_ids:
             self.num_tokens.pop(request_id, None)
+            self.num_prompt_tokens.pop(request_id, None)
         for new in so.scheduled_new_reqs:
             self.num_tokens[new.req_id] = len(new.prompt_token_ids) + len(new.output_token_ids)
+            self.num_prompt_tokens[new.req_id] = len(new.prompt_token_ids)
         cached = so.scheduled_cached_reqs
+        # Outputs the scheduler dropped (e.g. tokens sampled on top of a failed KV load) are dropped here too.
+        for request_id, num_outputs in zip(cached.req_ids, cached.num_output_tokens):
+            num_prompt = self.num_prompt_tokens.get(request_id)
+            if num_prompt is not None and num_prompt + num_outputs < self.num_tokens[request_id]:
+                self.num_tokens[request_id] = num_prompt + num_outputs
         computed_by_id = dict(zip(cached.req_ids, cached.num_computed_tokens))
         computed_by_id.update({new.req_id: new.num_computed_tokens for new in so.scheduled_new_reqs})
         req_ids: list[str] = []
