@@ -40,6 +40,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "vllite.policies.bench_plugin",
     "vllite.builtin_logitsprocs.plugin",
     "vllite.plugins.transformers_executor.plugin",
+    "vllite.kv_connector.builtin_plugin",
     "vllite.engine.builtin_plugin",
     "vllite.plugins.engine_proc.plugin",
     "vllite.plugins.openai_server.plugin",

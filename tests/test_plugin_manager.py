@@ -156,5 +156,5 @@ def test_iter_entry_points_filter(plugin_root, monkeypatch):
 
 def test_hook_caller_none_without_implementations(plugin_root):
     manager = plugin_manager.get_plugin_manager()
-    assert manager.hook_caller("vllite_register_kv_connectors") is None
+    assert manager.hook_caller("vllite_register_models") is None
     assert manager.hook_caller("vllite_register_commands") is not None

@@ -9,6 +9,11 @@ attends over each sequence's cached context.
 transformers builds no attention mask for an attention implementation it does not know a mask function for
 (``masking_utils._preprocess_mask_arguments`` exits early), so no ``O(num_tokens^2)`` mask is created; the kernel
 applies causality per sequence from the metadata.
+
+With a KV connector (``--kv-transfer-config``) the runner also publishes the connector and the per-layer KV
+tensors: each layer then calls ``wait_for_layer_load(name)`` before it touches the cache and
+``save_kv_layer(name, kv_layer, attn_metadata=...)`` after it wrote this step's keys and values; ``name`` is
+:func:`kv_layer_name`. Without a connector this costs one attribute test per layer.
 """
 
 from __future__ import annotations
@@ -49,21 +54,34 @@ class AttentionMetadata:
         return int(self.slot_mapping.shape[0])
 
 
+def kv_layer_name(layer_idx: int) -> str:
+    """The name a KV connector knows layer ``layer_idx``'s KV tensor by (``register_kv_caches`` and per layer)."""
+    return f"model.layers.{layer_idx}.self_attn"
+
+
 @dataclass
 class _ForwardContext:
     metadata: AttentionMetadata
     kv_caches: Sequence[KVCache]
     num_calls: int = 0  # attention calls in this forward (the runner checks every layer came through us)
+    kv_connector: Any = None  # the worker-role KV connector, if one is configured
+    kv_layers: Sequence[torch.Tensor] = ()  # per layer [2, num_blocks, block_size, heads, dim] (with a connector)
 
 
 _local = threading.local()
 
 
 @contextmanager
-def forward_context(metadata: AttentionMetadata, kv_caches: Sequence[KVCache]) -> Iterator[_ForwardContext]:
-    """Publishes the step's metadata and KV caches to the attention layers for the duration of a forward."""
+def forward_context(
+    metadata: AttentionMetadata,
+    kv_caches: Sequence[KVCache],
+    kv_connector: Any = None,
+    kv_layers: Sequence[torch.Tensor] = (),
+) -> Iterator[_ForwardContext]:
+    """Publishes the step's metadata and KV caches (and the KV connector with the per-layer KV tensors it saves
+    from, when there is one) to the attention layers for the duration of a forward."""
     previous = getattr(_local, "ctx", None)
-    ctx = _local.ctx = _ForwardContext(metadata, kv_caches)
+    ctx = _local.ctx = _ForwardContext(metadata, kv_caches, kv_connector=kv_connector, kv_layers=kv_layers)
     try:
         yield ctx
     finally:
@@ -136,10 +154,15 @@ def paged_attention_forward(
         softcap = getattr(module, "attn_logit_softcapping", None)
 
     reshape_and_cache, paged_attention = get_kernels()
+    connector = ctx.kv_connector
+    if connector is not None:
+        connector.wait_for_layer_load(kv_layer_name(layer_idx))
     q = query[0].transpose(0, 1)  # [T, heads, dim]
     k = key[0].transpose(0, 1).to(key_cache.dtype)
     v = value[0].transpose(0, 1).to(value_cache.dtype)
     reshape_and_cache(k, v, key_cache, value_cache, md.slot_mapping)
+    if connector is not None:
+        connector.save_kv_layer(kv_layer_name(layer_idx), ctx.kv_layers[layer_idx], attn_metadata=md)
     out = paged_attention(
         q.to(key_cache.dtype).contiguous(),
         key_cache,

@@ -9,6 +9,10 @@ a warning naming both lengths.
 
 Sleep: level 1 moves the weights to the CPU and frees the KV cache; level 2 frees both (weights are reloaded
 from the model folder on wake-up). ``wake_up(["weights"])`` / ``wake_up(["kv_cache"])`` restore one part.
+
+KV connector: with ``kv_transfer_config`` set, the WORKER role of the configured connector is built once, when the
+KV cache is first allocated, and registered with every allocation (``register_kv_caches``); the model runner then
+runs each step through it. It is shut down with the executor.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from vllite.kv_cache.sizing import (
     gpu_kvcache_space_bytes,
     kv_cache_bytes_per_token,
 )
+from vllite.kv_connector.base import KVConnectorBase, KVConnectorRole
 from vllite.model_files import load_hf_config
 from vllite.plugins.transformers_executor.model_loader import (
     load_model,
@@ -75,6 +80,7 @@ class DefaultExecutor(Executor):
         self.config = self.config.with_limits(max_model_len)
         self.runner = ModelRunner(self.config, model, self.spec, self.device, self.dtype)
         self._num_blocks: int | None = None
+        self._kv_connector: KVConnectorBase | None = None
         eos = getattr(getattr(hf_config, "text_config", None) or hf_config, "eos_token_id", None)
         return ModelInfo(
             max_model_len=max_model_len,
@@ -124,6 +130,7 @@ class DefaultExecutor(Executor):
                 num_blocks = min(num_blocks, 2 * self.config.scheduler_config.max_num_seqs * blocks_per_seq + 1)
         self.runner.allocate_kv_cache(num_blocks)
         self._num_blocks = num_blocks
+        self._attach_kv_connector()
         logger.info(
             "KV cache: %d blocks of %d tokens (%.1f MiB) on %s",
             num_blocks,
@@ -132,6 +139,17 @@ class DefaultExecutor(Executor):
             self.device,
         )
         return KVCacheInfo(num_blocks=num_blocks, max_model_len=max_model_len)
+
+    def _attach_kv_connector(self) -> None:
+        """Builds the worker-role KV connector (once) and registers the freshly allocated KV cache with it."""
+        kv_transfer_config = getattr(self.config, "kv_transfer_config", None)
+        if kv_transfer_config is None:
+            return
+        if self._kv_connector is None:
+            from vllite.kv_connector.factory import create_connector
+
+            self._kv_connector = create_connector(self.config, KVConnectorRole.WORKER, kv_transfer_config)
+        self.runner.attach_kv_connector(self._kv_connector)
 
     def _fit_context_to_override(self, num_blocks: int, max_model_len: int) -> int:
         """The context length ``num_blocks`` blocks (block 0 is the null block) can hold one sequence of: the model's
@@ -209,6 +227,7 @@ class DefaultExecutor(Executor):
                 self.runner.model.to(self.device)
         if "kv_cache" in tags and self._num_blocks is not None and not self.runner.kv_caches:
             self.runner.allocate_kv_cache(self._num_blocks)
+            self._attach_kv_connector()
         weights_ready = self.runner.model is not None and self._model_on_device()
         kv_ready = self._num_blocks is None or bool(self.runner.kv_caches)
         if weights_ready and kv_ready:
@@ -223,6 +242,12 @@ class DefaultExecutor(Executor):
         runner = getattr(self, "runner", None)
         if runner is None:
             return
+        connector, self._kv_connector = self._kv_connector, None
+        if connector is not None:
+            try:
+                connector.shutdown()
+            except Exception:  # shutting down must free the model and the cache whatever the connector does
+                logger.exception("KV connector %s failed to shut down", type(connector).__name__)
         runner.free_kv_cache()
         runner.model = None
         self.runner = None  # type: ignore[assignment]

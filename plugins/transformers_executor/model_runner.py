@@ -26,8 +26,10 @@ import torch
 
 from vllite.config import EngineConfig
 from vllite.exceptions import AttentionRoutingError, BatchStateError, KVCacheNotAllocatedError
-from vllite.plugins.transformers_executor.attention import AttentionMetadata, forward_context
+from vllite.kv_connector.base import KVConnectorBase
+from vllite.plugins.transformers_executor.attention import AttentionMetadata, forward_context, kv_layer_name
 from vllite.plugins.transformers_executor.input_batch import CachedRequestState, InputBatch
+from vllite.plugins.transformers_executor.kv_connector_step import execute_with_connector
 from vllite.plugins.transformers_executor.model_loader import ModelSpec
 from vllite.plugins.transformers_executor.prompt_logprobs import compute_prompt_logprobs, plan_prompt_logprobs
 from vllite.plugins.transformers_executor.sampler import Sampler, SamplingMetadata
@@ -71,7 +73,9 @@ class ModelRunner:
         self.default_generator = torch.Generator(device=device)
         self.default_generator.manual_seed(config.model_config.seed)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.kv_layers: list[torch.Tensor] = []  # per layer [2, num_blocks, block_size, heads, dim]
         self._kv_buffer: torch.Tensor | None = None
+        self.kv_connector: KVConnectorBase | None = None  # the worker role, when --kv-transfer-config is set
         self._accepts_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
 
     @staticmethod
@@ -89,10 +93,18 @@ class ModelRunner:
         shape = (s.num_layers, 2, num_blocks, self.block_size, s.num_kv_heads, s.head_dim)
         self._kv_buffer = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.kv_caches = [(self._kv_buffer[i, 0], self._kv_buffer[i, 1]) for i in range(s.num_layers)]
+        self.kv_layers = [self._kv_buffer[i] for i in range(s.num_layers)]
 
     def free_kv_cache(self) -> None:
         self.kv_caches = []
+        self.kv_layers = []
         self._kv_buffer = None
+
+    def attach_kv_connector(self, connector: KVConnectorBase) -> None:
+        """Runs every later step through ``connector`` (worker role) and registers the allocated KV cache with it
+        (``{kv_layer_name(i): layer i's KV}``); call again after the cache is re-allocated."""
+        self.kv_connector = connector
+        connector.register_kv_caches({kv_layer_name(i): layer for i, layer in enumerate(self.kv_layers)})
 
     @property
     def num_kv_blocks(self) -> int:
@@ -101,7 +113,13 @@ class ModelRunner:
     # ------------------------------------------------------------------ one step
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        """Runs one scheduled step and returns the sampled tokens (see the module docstring)."""
+        """Runs one scheduled step and returns the sampled tokens (see the module docstring); with a KV connector,
+        between its per-step calls (:mod:`~vllite.plugins.transformers_executor.kv_connector_step`)."""
+        if self.kv_connector is None:
+            return self._execute_model(scheduler_output)
+        return execute_with_connector(self.kv_connector, scheduler_output, self._execute_model)
+
+    def _execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         self._update_states(scheduler_output)
         if scheduler_output.total_num_scheduled_tokens == 0 or self.input_batch.num_reqs == 0:
             return ModelRunnerOutput.empty()
@@ -298,7 +316,7 @@ class ModelRunner:
         kwargs: dict[str, Any] = {"input_ids": input_ids, "position_ids": positions, "use_cache": False}
         if self._accepts_logits_to_keep:
             kwargs["logits_to_keep"] = logits_indices
-        with forward_context(md, self.kv_caches) as ctx:
+        with forward_context(md, self.kv_caches, self.kv_connector, self.kv_layers) as ctx:
             output = self.model(**kwargs)
         if ctx.num_calls != self.spec.num_layers:
             raise AttentionRoutingError(
@@ -383,7 +401,8 @@ class ModelRunner:
         caller can measure peak activation memory; uses a temporary KV cache just large enough."""
         num_tokens = max(1, min(num_tokens, self.max_model_len))
         blocks = -(-num_tokens // self.block_size)
-        saved = self._kv_buffer, self.kv_caches
+        saved = self._kv_buffer, self.kv_caches, self.kv_layers, self.kv_connector
+        self.kv_connector = None  # dummy tokens: nothing to load or save
         try:
             self.allocate_kv_cache(blocks)
             dev = self.device
@@ -401,4 +420,4 @@ class ModelRunner:
             logits = self._forward(ids, pos, md, keep)
             logits.float().sort(dim=-1)
         finally:
-            self._kv_buffer, self.kv_caches = saved
+            self._kv_buffer, self.kv_caches, self.kv_layers, self.kv_connector = saved
