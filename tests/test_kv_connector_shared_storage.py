@@ -259,15 +259,14 @@ def _llm(model_path: Path, directory: Path, **kw: Any) -> Any:
 
     kv = {"kv_connector": "shared-storage", "kv_connector_extra_config": {"shared_storage_path": str(directory)}}
     kv.update(kw.pop("kv", {}))
+    settings: dict[str, Any] = {"max_model_len": 128, "num_gpu_blocks_override": 64, **kw}
     return LLM(
         str(model_path),
         dtype="float32",
         block_size=BLOCK,
-        max_model_len=128,
-        num_gpu_blocks_override=64,
         skip_tokenizer_init=True,
         kv_transfer_config=json.dumps(kv),
-        **kw,
+        **settings,
     )
 
 
@@ -302,6 +301,39 @@ def test_second_engine_reuses_the_directory(
     # The loaded prefix counts as cached: only the rest of each prompt was computed.
     assert shared.num_cached_tokens == 16
     assert again.num_cached_tokens == 20
+
+
+def test_sliding_window_model_with_chunked_prefill(tmp_path: Path) -> None:
+    _needs_scheduler_side()
+    model = make_model("mistral", tmp_path / "mistral", sliding_window=6)
+    expected = hf_greedy(model, PROMPT, 6)
+    for run in range(2):  # blocks are saved chunk by chunk, before the window drops them; then loaded
+        with _llm(model, tmp_path / "kv", max_num_batched_tokens=8) as llm:
+            [out] = _greedy(llm, [PROMPT])
+            worker = _worker(_executor_of(llm))
+        assert out.outputs[0].token_ids == expected
+        assert (worker.num_blocks_saved, worker.num_blocks_loaded, out.num_cached_tokens) == (
+            (5, 0, 0) if run == 0 else (0, 5, 20)
+        )
+
+
+def test_preemptions_with_a_small_cache_and_shared_prefixes(model_path: Path, tmp_path: Path) -> None:
+    _needs_scheduler_side()
+    import random
+
+    rng = random.Random(5)
+    prompts = [PROMPT[:16] + [rng.randrange(3, 90) for _ in range(rng.randint(5, 24))] for _ in range(8)]
+    expected = [hf_greedy(model_path, p, 6) for p in prompts]
+    for run in range(2):
+        with _llm(model_path, tmp_path, num_gpu_blocks_override=24, max_model_len=88, max_num_seqs=8) as llm:
+            outs = _greedy(llm, prompts)
+            preemptions = llm.llm_engine.engine_core.engine_core.scheduler.num_preemptions_total
+            worker = _worker(_executor_of(llm))
+        assert [o.outputs[0].token_ids for o in outs] == expected, f"run {run}"
+        assert preemptions > 0, "the small KV cache was meant to force preemptions"
+        assert worker.num_load_errors == 0
+        if run == 1:
+            assert worker.num_blocks_saved == 0 and all(o.num_cached_tokens >= 16 for o in outs)
 
 
 def _block_paths(model_path: Path, directory: Path, prompt: list[int]) -> list[Path]:
