@@ -18,7 +18,7 @@ The hierarchy (a class in brackets is a second base, kept so that callers catchi
     │                                   KVCacheNotAllocatedError, DeviceUnavailableError, AttentionRoutingError
     ├── InternalStateError [RuntimeError] ── KVCacheStateError, BatchStateError
     ├── PluginHookError [RuntimeError], LogitsProcessorRowsError [RuntimeError]
-    ├── KVBlockFileError, KVLoadError
+    ├── KVBlockFileError, KVLoadError, KVConnectorConformanceError
     ├── BenchReplayError [RuntimeError], ServeBenchError [RuntimeError]
     └── the HTTP server's, one per status: BadRequestError [ValueError] (400), UnauthorizedError (401),
         ModelNotFoundError (404), RequestFailedError (500)
@@ -189,6 +189,11 @@ class KVLoadError(VlliteError):
 
 
 # ---------------------------------------------------------------------------- tools
+class KVConnectorConformanceError(VlliteError, AssertionError):
+    """A KV connector broke a rule of the contract under ``vllite.kv_connector.conformance`` (an
+    ``AssertionError`` too, so pytest reports it as a failed check); the message names the rule."""
+
+
 class PluginHookError(VlliteError, RuntimeError):
     """A plugin's method raised while the engine served a request; the message names the plugin (class), the hook
     and the exception, and ``source`` (where known: the entry point and distribution the class came from). The
