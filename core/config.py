@@ -317,6 +317,13 @@ class EngineArgs:
             cli_type=_json_dict,
         ),
     )
+    kv_offload_size: float | None = field(
+        default=None,
+        metadata=_help(
+            "GiB of host memory for the 'offload' KV connector (a second KV tier keyed by block hash); "
+            'shorthand for --kv-transfer-config \'{"kv_connector": "offload", ...}\', which overrides it.'
+        ),
+    )
     plugin_config: dict[str, Any] = field(default_factory=dict, metadata={"cli": False})
 
     # ------------------------------------------------------------------ CLI
@@ -409,6 +416,11 @@ class EngineArgs:
         from vllite.kv_connector.config import KVTransferConfig
 
         value = self.kv_transfer_config
+        if value is None and self.kv_offload_size is not None:
+            if not self.kv_offload_size > 0:
+                raise ValueError(f"kv_offload_size must be > 0 GiB, got {self.kv_offload_size}.")
+            extra = {"offload_size_gib": float(self.kv_offload_size)}
+            return KVTransferConfig("offload", kv_role="kv_both", kv_connector_extra_config=extra)
         if value is None or isinstance(value, KVTransferConfig):
             return value
         if not isinstance(value, (str, dict)):

@@ -46,15 +46,18 @@ class KVConnectorOutput:
 
     ``finished_sending``: requests whose KV the connector has finished saving (their blocks may be freed now);
     ``finished_recving``: requests whose asynchronous load has finished (they may be scheduled);
-    ``invalid_block_ids``: blocks whose load failed (handled per ``kv_load_failure_policy``).
+    ``invalid_block_ids``: blocks whose load failed (handled per ``kv_load_failure_policy``);
+    ``kv_connector_stats``: the connector's own worker → scheduler values (``get_kv_connector_stats``; vLLM's
+    field of that name), plain picklable data, ``None`` when there is nothing to report.
     """
 
     finished_sending: set[str] = field(default_factory=set)
     finished_recving: set[str] = field(default_factory=set)
     invalid_block_ids: set[int] = field(default_factory=set)
+    kv_connector_stats: dict[str, Any] | None = None
 
     def is_empty(self) -> bool:
-        return not (self.finished_sending or self.finished_recving or self.invalid_block_ids)
+        return not (self.finished_sending or self.finished_recving or self.invalid_block_ids or self.kv_connector_stats)
 
 
 class KVConnectorBase:
@@ -157,6 +160,12 @@ class KVConnectorBase:
     def get_block_ids_with_load_errors(self) -> set[int]:
         """Blocks whose load failed since the previous call."""
         return set()
+
+    def get_kv_connector_stats(self) -> dict[str, Any] | None:
+        """After ``get_block_ids_with_load_errors``, every step: the connector's own values for its scheduler role
+        since the previous call (they arrive in ``update_connector_output`` as
+        ``KVConnectorOutput.kv_connector_stats``); ``None`` for nothing."""
+        return None
 
     def shutdown(self) -> None:
         """Release threads, sockets and files; called once per instance (both roles)."""

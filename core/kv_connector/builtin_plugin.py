@@ -11,7 +11,10 @@ from vllite.hookspecs import Register, hookimpl
 
 @hookimpl
 def vllite_register_kv_connectors(register: Register) -> None:
-    """``shared-storage``: prompt-prefix KV persisted to a directory (``shared_storage_path``)."""
+    """``shared-storage``: prompt-prefix KV persisted to a directory (``shared_storage_path``); ``offload``: a
+    bounded KV tier in host memory (``offload_size_gib``)."""
+    from vllite.kv_connector.offload import OffloadConnector
     from vllite.kv_connector.shared_storage import SharedStorageConnector
 
     register("shared-storage", SharedStorageConnector)
+    register("offload", OffloadConnector)

@@ -213,7 +213,8 @@ class MockKVConnector(KVConnectorBase):
 
 def run_worker_connector(worker: KVConnectorBase, scheduler_output: SchedulerOutput) -> KVConnectorOutput:
     """One step of a worker-role connector without a model, in the order the model runner calls it: bind, start
-    loads, (no layers), wait for saves, collect finished transfers and failed loads, clear."""
+    loads, (no layers), wait for saves, collect finished transfers, failed loads and the connector's
+    stats, clear."""
     metadata = scheduler_output.kv_connector_metadata
     worker.bind_connector_metadata(metadata if metadata is not None else KVConnectorMetadata())
     try:
@@ -221,10 +222,14 @@ def run_worker_connector(worker: KVConnectorBase, scheduler_output: SchedulerOut
         worker.wait_for_save()
         sending, recving = worker.get_finished(set(scheduler_output.finished_req_ids))
         errors = worker.get_block_ids_with_load_errors()
+        stats = worker.get_kv_connector_stats()
     finally:
         worker.clear_connector_metadata()
     return KVConnectorOutput(
-        finished_sending=set(sending or ()), finished_recving=set(recving or ()), invalid_block_ids=set(errors)
+        finished_sending=set(sending or ()),
+        finished_recving=set(recving or ()),
+        invalid_block_ids=set(errors),
+        kv_connector_stats=stats or None,
     )
 
 

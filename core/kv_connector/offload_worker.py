@@ -1,0 +1,185 @@
+"""The worker half of the ``offload`` connector: a bounded LRU of KV blocks in host memory.
+
+Saves: ``save_layer`` copies one layer's blocks to the CPU right after the layer wrote this step's KV;
+``finish_saves`` puts one ``[num_layers, 2, block_size, heads, dim]`` tensor per block into the tier (evicting the
+least recently used blocks beyond ``capacity_bytes``). Loads are asynchronous: ``start_load`` takes this step's
+tensors out of the tier (a load holds its own references, so a later eviction cannot pull them away) and hands the
+copies into the paged cache to a background thread; ``take_finished`` reports the requests whose copies are done.
+The blocks being loaded belong to requests parked in ``WAITING_FOR_REMOTE_KVS``: no forward pass reads or writes
+them until the load is reported, so the thread needs no other synchronisation with the model.
+
+What the tier stored and evicted since the last report goes to the scheduler role as values
+(``take_changes``), through ``KVConnectorOutput.kv_connector_stats``: the roles share no object.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class BlockTransfer:
+    """Blocks of one request to move: ``block_ids[i]`` of the paged cache <-> the tier's block ``names[i]``."""
+
+    req_id: str
+    block_ids: list[int]
+    names: list[str]
+
+
+@dataclass
+class _PendingSave:
+    transfer: BlockTransfer
+    layers: list[torch.Tensor | None] = field(default_factory=list)  # per layer: [2, n, block_size, heads, dim]
+
+
+class OffloadWorker:
+    """The host-memory tier and the copies between it and the registered KV tensors."""
+
+    def __init__(self, capacity_bytes: int) -> None:
+        self.capacity_bytes = capacity_bytes
+        self.layers: list[torch.Tensor] = []
+        self.layer_index: dict[str, int] = {}
+        self.tier: OrderedDict[str, torch.Tensor] = OrderedDict()  # name -> block, least recently used first
+        self.bytes_used = 0
+        self._saves: list[_PendingSave] = []
+        # Since the last take_changes; a name is in at most one of them (its latest change).
+        self._stored: dict[str, None] = {}
+        self._evicted: dict[str, None] = {}
+        self._lock = threading.Lock()  # guards _finished, _load_errors (the copy thread writes them)
+        self._finished: set[str] = set()
+        self._load_errors: set[int] = set()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllite-kv-offload")
+        self._inflight: list[Future[None]] = []
+        self.num_blocks_saved = 0
+        self.num_blocks_loaded = 0
+        self.num_blocks_evicted = 0
+        self.num_load_errors = 0
+
+    def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        """Layer name -> ``[2, num_blocks, block_size, heads, dim]``; the dict's order is the layer order."""
+        self.layers = list(kv_caches.values())
+        self.layer_index = {name: i for i, name in enumerate(kv_caches)}
+
+    # ------------------------------------------------------------------ loads
+    def start_load(self, loads: list[BlockTransfer]) -> None:
+        """Takes this step's blocks out of the tier and starts copying them into the cache in the background.
+        A block the tier no longer holds ends that request's load there; the rest of its blocks are load errors."""
+        for transfer in loads:
+            blocks: list[torch.Tensor] = []
+            for name in transfer.names:
+                block = self.tier.get(name)
+                if block is None:
+                    break
+                self.tier.move_to_end(name)
+                blocks.append(block)
+            failed = set(transfer.block_ids[len(blocks) :])
+            if failed:
+                logger.warning(
+                    "offload: %d block(s) of request %s are gone from the tier", len(failed), transfer.req_id
+                )
+            ids = transfer.block_ids[: len(blocks)]
+            self._inflight.append(self._pool.submit(self._copy_in, transfer.req_id, ids, blocks, failed))
+
+    def _copy_in(self, req_id: str, block_ids: list[int], blocks: list[torch.Tensor], failed: set[int]) -> None:
+        """The copy thread: every layer of ``blocks`` into ``block_ids``, then the request is reported done."""
+        try:
+            if blocks:
+                device = self.layers[0].device
+                ids = torch.tensor(block_ids, dtype=torch.int64, device=device)
+                kv = torch.stack(blocks).to(device)  # [n, layers, 2, bs, heads, dim]
+                for index, layer in enumerate(self.layers):
+                    layer.index_copy_(1, ids, kv[:, index].transpose(0, 1).to(layer.dtype))
+                if device.type == "cuda":
+                    torch.cuda.current_stream(device).synchronize()
+        except Exception:  # a failed copy is a load error, never a hang
+            logger.exception("offload: loading request %s failed", req_id)
+            failed = failed | set(block_ids)
+            blocks = []
+        with self._lock:
+            self._finished.add(req_id)
+            self._load_errors |= failed
+            self.num_blocks_loaded += len(blocks)
+            self.num_load_errors += len(failed)
+
+    def take_finished(self) -> set[str]:
+        """Requests whose load has landed since the previous call."""
+        self._inflight = [f for f in self._inflight if not f.done()]
+        with self._lock:
+            finished, self._finished = self._finished, set()
+        return finished
+
+    def take_load_errors(self) -> set[int]:
+        with self._lock:
+            errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def wait_idle(self) -> None:
+        """Blocks until every started load has landed (tests, shutdown)."""
+        for future in list(self._inflight):
+            future.result()
+
+    # ------------------------------------------------------------------ saves
+    def save_layer(self, layer_name: str, kv_layer: torch.Tensor, saves: list[BlockTransfer]) -> None:
+        """Copies one layer's blocks of this step's saves to the CPU (the layer wrote its KV already)."""
+        index = self.layer_index.get(layer_name)
+        if index is None or not saves:
+            return
+        if not self._saves:
+            self._saves = [_PendingSave(t, [None] * len(self.layers)) for t in saves]
+        for pending in self._saves:
+            ids = torch.tensor(pending.transfer.block_ids, dtype=torch.int64, device=kv_layer.device)
+            pending.layers[index] = kv_layer.index_select(1, ids).to("cpu")
+
+    def finish_saves(self) -> None:
+        """Puts the captured blocks into the tier (every layer must have been captured) and evicts beyond the
+        bound; a block larger than the whole tier is not kept."""
+        pending, self._saves = self._saves, []
+        for save in pending:
+            if any(layer is None for layer in save.layers):
+                logger.warning("offload: not every layer of %s was captured; not stored", save.transfer.req_id)
+                continue
+            stacked = torch.stack([layer for layer in save.layers if layer is not None])  # [layers, 2, n, bs, h, d]
+            for j, name in enumerate(save.transfer.names):
+                if name in self.tier:
+                    self.tier.move_to_end(name)
+                    continue
+                block = stacked[:, :, j].clone()
+                size = block.numel() * block.element_size()
+                if size > self.capacity_bytes:
+                    continue
+                self.tier[name] = block
+                self.bytes_used += size
+                self._evicted.pop(name, None)
+                self._stored[name] = None
+                self.num_blocks_saved += 1
+                self._evict()
+
+    def _evict(self) -> None:
+        while self.bytes_used > self.capacity_bytes and self.tier:
+            name, block = self.tier.popitem(last=False)
+            self.bytes_used -= block.numel() * block.element_size()
+            self._stored.pop(name, None)
+            self._evicted[name] = None
+            self.num_blocks_evicted += 1
+
+    def take_changes(self) -> dict[str, list[str]] | None:
+        """``{"stored": [...], "evicted": [...]}``: block names whose latest change since the previous call was
+        being stored / evicted, or ``None``."""
+        if not (self._stored or self._evicted):
+            return None
+        changes = {"stored": list(self._stored), "evicted": list(self._evicted)}
+        self._stored, self._evicted = {}, {}
+        return changes
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True)
+        self.tier.clear()
+        self.bytes_used = 0
