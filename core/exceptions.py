@@ -18,7 +18,7 @@ The hierarchy (a class in brackets is a second base, kept so that callers catchi
     │                                   KVCacheNotAllocatedError, DeviceUnavailableError, AttentionRoutingError
     ├── InternalStateError [RuntimeError] ── KVCacheStateError, BatchStateError
     ├── PluginHookError [RuntimeError], LogitsProcessorRowsError [RuntimeError]
-    ├── KVBlockFileError, KVLoadError, KVConnectorConformanceError
+    ├── KVBlockFileError, KVLoadError, KVConnectorConformanceError, P2PTransferError
     ├── BenchReplayError [RuntimeError], ServeBenchError [RuntimeError]
     └── the HTTP server's, one per status: BadRequestError [ValueError] (400), UnauthorizedError (401),
         ModelNotFoundError (404), RequestFailedError (500)
@@ -186,6 +186,11 @@ class KVBlockFileError(VlliteError):
 class KVLoadError(VlliteError):
     """A KV connector could not load a request's external KV (it reported the blocks as failed) and
     ``kv_load_failure_policy`` is ``fail``: the request ends with ``FinishReason.ERROR`` carrying this message."""
+
+
+class P2PTransferError(VlliteError):
+    """The ``p2p`` connector's fetch of a request's KV from its producer failed (unreachable, timed out,
+    refused or malformed): the blocks are reported as failed loads, handled per ``kv_load_failure_policy``."""
 
 
 # ---------------------------------------------------------------------------- tools

@@ -12,9 +12,11 @@ from vllite.hookspecs import Register, hookimpl
 @hookimpl
 def vllite_register_kv_connectors(register: Register) -> None:
     """``shared-storage``: prompt-prefix KV persisted to a directory (``shared_storage_path``); ``offload``: a
-    bounded KV tier in host memory (``offload_size_gib``)."""
+    bounded KV tier in host memory (``offload_size_gib``); ``p2p``: prefill/decode disaggregation over ZMQ."""
     from vllite.kv_connector.offload import OffloadConnector
+    from vllite.kv_connector.p2p import P2PConnector
     from vllite.kv_connector.shared_storage import SharedStorageConnector
 
     register("shared-storage", SharedStorageConnector)
     register("offload", OffloadConnector)
+    register("p2p", P2PConnector)
