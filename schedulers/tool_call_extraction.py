@@ -13,6 +13,7 @@ turn's leading whitespace and any trailing whitespace (sent once more content fo
 
 from __future__ import annotations
 
+import abc
 import ast
 import json
 import logging
@@ -147,7 +148,7 @@ def _dotted_name(node: ast.expr) -> bool:
     return isinstance(node, ast.Name)
 
 
-class ToolCallStream:
+class ToolCallStream(abc.ABC):
     """A per-request streaming extractor: ``feed`` each text delta of a turn, then call ``finish`` at its end.
 
     Promise (for every split of a turn into deltas): what ``feed`` returned, joined, then ``finish().content``,
@@ -187,10 +188,10 @@ class ToolCallStream:
         """The content to send now that ``delta`` was added to ``text``, recorded in ``sent``."""
         return self._send(self._advance())
 
+    @abc.abstractmethod
     def _advance(self) -> str:
         """Reads the text added since the last call; returns the text that just became certain content (in
         order; whitespace included, the base strips the content's ends)."""
-        raise NotImplementedError
 
     def _send(self, certain: str) -> str:
         """Sends ``certain`` content, less the turn's leading whitespace and any trailing whitespace (held back)."""

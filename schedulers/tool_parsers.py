@@ -20,6 +20,7 @@ their text stays in the content. The Continuum scheduler only parses when the cl
 
 from __future__ import annotations
 
+import abc
 import json
 import re
 
@@ -76,20 +77,20 @@ def _partial_suffix(text: str, marker: str, lo: int) -> int:
     return 0
 
 
-class _Parser:
+class _Parser(abc.ABC):
     """What every parser shares: ``parse`` names the calls ``extract`` finds."""
 
     def parse(self, text: str) -> str | None:
         """The tool the turn calls: its name, ``"multi_tool"`` for calls of different tools, None for no call."""
         return self._tool_name(self.extract(text).calls)
 
+    @abc.abstractmethod
     def extract(self, text: str) -> ExtractedToolCalls:
         """The turn's calls and the content outside them; never raises on malformed text."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def stream(self) -> ToolCallStream:
         """A fresh streaming extractor for one turn (see ``ToolCallStream`` for its promise)."""
-        raise NotImplementedError
 
     def _tool_name(self, calls: list[ToolCall]) -> str | None:
         return _combine([call.name for call in calls])

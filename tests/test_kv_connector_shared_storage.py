@@ -247,13 +247,6 @@ def test_namespace_separates_models_and_salts_separate_prefixes(model_path: Path
 
 
 # -------------------------------------------------------------------------------------------- whole engines
-def _needs_scheduler_side() -> None:
-    from vllite.sched import scheduler
-
-    if "kv_transfer" not in Path(scheduler.__file__).read_text():
-        pytest.skip("the scheduler does not consult KV connectors yet")
-
-
 def _llm(model_path: Path, directory: Path, **kw: Any) -> Any:
     from vllite import LLM
 
@@ -283,7 +276,6 @@ def _executor_of(llm: Any) -> DefaultExecutor:
 def test_second_engine_reuses_the_directory(
     model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, multiprocess: str
 ) -> None:
-    _needs_scheduler_side()
     monkeypatch.setenv("VLLITE_ENABLE_MULTIPROCESSING", multiprocess)
     expected = {"shared": hf_greedy(model_path, SHARED, 6), "prompt": hf_greedy(model_path, PROMPT, 6)}
     with _llm(model_path, tmp_path) as first:
@@ -304,7 +296,6 @@ def test_second_engine_reuses_the_directory(
 
 
 def test_sliding_window_model_with_chunked_prefill(tmp_path: Path) -> None:
-    _needs_scheduler_side()
     model = make_model("mistral", tmp_path / "mistral", sliding_window=6)
     expected = hf_greedy(model, PROMPT, 6)
     for run in range(2):  # blocks are saved chunk by chunk, before the window drops them; then loaded
@@ -318,7 +309,6 @@ def test_sliding_window_model_with_chunked_prefill(tmp_path: Path) -> None:
 
 
 def test_preemptions_with_a_small_cache_and_shared_prefixes(model_path: Path, tmp_path: Path) -> None:
-    _needs_scheduler_side()
     import random
 
     rng = random.Random(5)
@@ -345,7 +335,6 @@ def _block_paths(model_path: Path, directory: Path, prompt: list[int]) -> list[P
 
 @pytest.mark.parametrize("damage", ["truncate", "corrupt"])
 def test_damaged_file_is_never_loaded_and_output_equals_hf(model_path: Path, tmp_path: Path, damage: str) -> None:
-    _needs_scheduler_side()
     expected = hf_greedy(model_path, PROMPT, 6)
     with _llm(model_path, tmp_path) as first:
         _greedy(first, [PROMPT])
@@ -369,7 +358,6 @@ def test_damaged_file_is_never_loaded_and_output_equals_hf(model_path: Path, tmp
 
 
 def test_corrupt_file_under_the_fail_policy_fails_the_request(model_path: Path, tmp_path: Path) -> None:
-    _needs_scheduler_side()
     with _llm(model_path, tmp_path) as first:
         _greedy(first, [PROMPT])
     path = _block_paths(model_path, tmp_path, PROMPT)[1]
@@ -429,7 +417,6 @@ def test_third_party_connector_by_name_and_by_class_path(
     module = importlib.import_module("tw_kv_mod")
     config = KVTransferConfig(kv_connector_extra_config={"shared_storage_path": str(tmp_path / "kv")}, **selection)
     assert connector_class(config) is module.CountingStorage
-    _needs_scheduler_side()
     directory = tmp_path / "kv"
     expected = hf_greedy(model_path, PROMPT, 4)
     with _llm(model_path, directory, kv=selection) as first:
