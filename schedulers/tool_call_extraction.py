@@ -153,7 +153,8 @@ class ToolCallStream(abc.ABC):
 
     Promise (for every split of a turn into deltas): what ``feed`` returned, joined, then ``finish().content``,
     is exactly ``extract(turn).content``; ``finish().calls`` is ``extract(turn).calls``. Subclasses implement
-    ``_advance``; the base strips the content's ends and keeps the promise's bookkeeping.
+    ``_release`` (most through :class:`AdvancingToolCallStream`); the base strips the content's ends and keeps the
+    promise's bookkeeping.
     """
 
     def __init__(self, extract: Callable[[str], ExtractedToolCalls]) -> None:
@@ -184,14 +185,9 @@ class ToolCallStream(abc.ABC):
             self._result = ExtractedToolCalls(content[len(self.sent) :] or None, result.calls)
         return self._result
 
+    @abc.abstractmethod
     def _release(self, delta: str) -> str:
         """The content to send now that ``delta`` was added to ``text``, recorded in ``sent``."""
-        return self._send(self._advance())
-
-    @abc.abstractmethod
-    def _advance(self) -> str:
-        """Reads the text added since the last call; returns the text that just became certain content (in
-        order; whitespace included, the base strips the content's ends)."""
 
     def _send(self, certain: str) -> str:
         """Sends ``certain`` content, less the turn's leading whitespace and any trailing whitespace (held back)."""
@@ -217,3 +213,15 @@ def _append(owner: object, attr: str, delta: str) -> str:
     setattr(owner, attr, "")
     text += delta
     return text
+
+
+class AdvancingToolCallStream(ToolCallStream):
+    """A stream that reads the text added since its last call and says which part became certain content."""
+
+    def _release(self, delta: str) -> str:
+        return self._send(self._advance())
+
+    @abc.abstractmethod
+    def _advance(self) -> str:
+        """Reads the text added since the last call; returns the text that just became certain content (in
+        order; whitespace included, the base strips the content's ends)."""

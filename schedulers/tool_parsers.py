@@ -25,6 +25,7 @@ import json
 import re
 
 from vllite.policies.tool_call_extraction import (
+    AdvancingToolCallStream,
     ExtractedToolCalls,
     ToolCall,
     ToolCallStream,
@@ -96,7 +97,7 @@ class _Parser(abc.ABC):
         return _combine([call.name for call in calls])
 
 
-class _MarkerStream(ToolCallStream):
+class _MarkerStream(AdvancingToolCallStream):
     """Sends the text before the first ``marker`` (holding back a partial one at the end), then holds back the rest:
     for formats whose calls can only start at the marker and whose fate is known only at the end of the turn."""
 
@@ -193,7 +194,7 @@ def _json_calls_at(text: str, start: int) -> tuple[list[ToolCall], int]:
     return json_calls(value), end
 
 
-class _OpenAIStream(ToolCallStream):
+class _OpenAIStream(AdvancingToolCallStream):
     def __init__(self, parser: OpenAIJSONParser) -> None:
         super().__init__(parser.extract)
         self._pos = 0  # the text before this is sent
@@ -254,7 +255,7 @@ def _hermes_calls(body: str) -> list[ToolCall]:
         return []
 
 
-class _HermesStream(ToolCallStream):
+class _HermesStream(AdvancingToolCallStream):
     def __init__(self, parser: HermesParser) -> None:
         super().__init__(parser.extract)
         self.has_call = False  # a well-formed block was read: the turn has a call whatever follows
