@@ -18,26 +18,12 @@ import logging
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 import torch
 
+from vllite.kv_connector.transfers import BlockTransfer, PendingSave
+
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class BlockTransfer:
-    """Blocks of one request to move: ``block_ids[i]`` of the paged cache <-> the tier's block ``names[i]``."""
-
-    req_id: str
-    block_ids: list[int]
-    names: list[str]
-
-
-@dataclass
-class _PendingSave:
-    transfer: BlockTransfer
-    layers: list[torch.Tensor | None] = field(default_factory=list)  # per layer: [2, n, block_size, heads, dim]
 
 
 class OffloadWorker:
@@ -49,7 +35,7 @@ class OffloadWorker:
         self.layer_index: dict[str, int] = {}
         self.tier: OrderedDict[str, torch.Tensor] = OrderedDict()  # name -> block, least recently used first
         self.bytes_used = 0
-        self._saves: list[_PendingSave] = []
+        self._saves: list[PendingSave] = []
         # Since the last take_changes; a name is in at most one of them (its latest change).
         self._stored: dict[str, None] = {}
         self._evicted: dict[str, None] = {}
@@ -133,7 +119,7 @@ class OffloadWorker:
         if index is None or not saves:
             return
         if not self._saves:
-            self._saves = [_PendingSave(t, [None] * len(self.layers)) for t in saves]
+            self._saves = [PendingSave(t, [None] * len(self.layers)) for t in saves]
         for pending in self._saves:
             ids = torch.tensor(pending.transfer.block_ids, dtype=torch.int64, device=kv_layer.device)
             pending.layers[index] = kv_layer.index_select(1, ids).to("cpu")

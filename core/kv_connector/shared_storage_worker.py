@@ -9,30 +9,15 @@ wrote this step's KV, and ``finish_saves`` writes one file per block once every 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from vllite.exceptions import KVBlockFileError
 from vllite.kv_connector.block_files import SUFFIX, is_complete, read_block, write_block
+from vllite.kv_connector.transfers import BlockTransfer, PendingSave
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class BlockTransfer:
-    """Blocks of one request to move: ``block_ids[i]`` of the paged cache <-> the file named ``names[i]``."""
-
-    req_id: str
-    block_ids: list[int]
-    names: list[str]
-
-
-@dataclass
-class _PendingSave:
-    transfer: BlockTransfer
-    layers: list[torch.Tensor | None] = field(default_factory=list)  # per layer: [2, n, block_size, heads, dim]
 
 
 class SharedStorageWorker:
@@ -46,7 +31,7 @@ class SharedStorageWorker:
         self.dtype: torch.dtype | None = None
         self._loads: list[tuple[torch.Tensor, torch.Tensor]] = []  # (block ids, [n, layers, 2, bs, heads, dim])
         self._layers_loaded: set[int] = set()
-        self._saves: list[_PendingSave] = []
+        self._saves: list[PendingSave] = []
         self._load_errors: set[int] = set()
         self._failed_reqs: set[str] = set()  # requests whose load failed this step: nothing of theirs is saved
         self.num_blocks_loaded = 0
@@ -132,7 +117,7 @@ class SharedStorageWorker:
         if not self._saves:
             # KV computed on top of a failed load is wrong: it must never reach the store.
             kept = [t for t in saves if t.req_id not in self._failed_reqs]
-            self._saves = [_PendingSave(t, [None] * len(self.layers)) for t in kept]
+            self._saves = [PendingSave(t, [None] * len(self.layers)) for t in kept]
         for pending in self._saves:
             ids = torch.tensor(pending.transfer.block_ids, dtype=torch.int64, device=kv_layer.device)
             pending.layers[index] = kv_layer.index_select(1, ids).to("cpu")
