@@ -10,6 +10,7 @@ The hierarchy (a class in brackets is a second base, kept so that callers catchi
     ├── PluginLoadError ── DuplicateComponentError
     ├── UnknownComponentError [ValueError], ModelLoadError [ValueError], KVCacheMemoryError [ValueError]
     ├── VLLMValidationError [ValueError], VllmCompatImportError [ModuleNotFoundError]
+    ├── CpuThreadsConfigError [ValueError]
     ├── EngineDeadError
     ├── EngineStartupError [RuntimeError]
     ├── EngineClientError [RuntimeError] ── EngineClientClosedError, EngineClientUsageError, UtilityCallError,
@@ -87,6 +88,11 @@ class VLLMValidationError(VlliteError, ValueError):
         extras = [f"{name}={val}" for name, val in pairs if val is not None]
         base = super().__str__()
         return f"{base} ({', '.join(extras)})" if extras else base
+
+
+class CpuThreadsConfigError(VlliteError, ValueError):
+    """A CPU-threads variable (``VLLITE_CPU_OMP_THREADS_BIND``, ``VLLITE_CPU_NUM_THREADS``,
+    ``VLLITE_CPU_NUM_OF_RESERVED_CPU``, ...) has a value that cannot be used; the message names the variable."""
 
 
 class VllmCompatImportError(VlliteError, ModuleNotFoundError):
