@@ -29,6 +29,8 @@ import msgspec
 import zmq
 
 from vllite.config import EngineConfig
+from vllite.cpu_governor import confine_frontend
+from vllite.cpu_threads import resolve_plan
 from vllite.engine.core_client import UTILITY_METHODS, EngineCoreClient
 from vllite.exceptions import EngineClientClosedError, EngineClientUsageError, EngineDeadError, EngineStartupError
 from vllite.protocol import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType, EngineInfo
@@ -223,6 +225,7 @@ class MPClient(EngineCoreClient):
                 res.proc.start()
             child_conn.close()
             self.engine_info = self._wait_for_engine_startup(handshake, addresses)
+            confine_frontend(resolve_plan())  # off the engine's pinned CPUs (vllite.cpu_governor)
         finally:
             handshake.close(linger=0)
         self._start_output_thread()

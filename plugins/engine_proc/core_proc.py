@@ -27,6 +27,8 @@ import msgspec
 import zmq
 
 from vllite.config import EngineConfig
+from vllite.cpu_governor import govern_engine_core
+from vllite.cpu_threads import CpuThreadPlan, resolve_plan
 from vllite.engine.core import EngineCore
 from vllite.engine.core_client import UTILITY_METHODS
 from vllite.exceptions import EngineStartupError, ExecutorFailedError, UtilityCallError
@@ -65,6 +67,7 @@ class EngineCoreProc:
         log_stats: bool | None = None,
         engine_index: int = 0,
         curve_server_key: bytes | None = None,
+        cpu_plan: CpuThreadPlan | None = None,
     ) -> None:
         self.settings = ProcSettings.from_config(config)
         self.settings.curve_server_key = curve_server_key
@@ -82,6 +85,10 @@ class EngineCoreProc:
             if register is not None:
                 register(lambda: self.io.input_queue.put_nowait((EngineCoreRequestType.EXECUTOR_FAILED, b"")))
             self.io.start(addresses.inputs, addresses.outputs, identity, self.engine.info, engine_index)
+            # The busy loop steps the model on this thread: its torch threads are pinned here, the I/O threads
+            # moved to the CPUs left to them (see vllite.cpu_governor).
+            self.cpu_threads = govern_engine_core(self.engine, cpu_plan or resolve_plan())
+            self.cpu_threads.place_others()
 
     # ------------------------------------------------------------------ handshake
     @contextmanager

@@ -1,6 +1,7 @@
 """The engine-core child process: entry point, signal handling and parent-death watch.
 
-``run_engine_core`` is the ``multiprocessing`` (spawn) target. Plugins are loaded in the child by the plugin
+``run_engine_core`` is the ``multiprocessing`` (spawn) target. Before torch loads it resolves the CPU-thread plan
+(``VLLITE_CPU_OMP_THREADS_BIND``, see ``vllite.cpu_threads``) and sets the OpenMP variables it implies. Plugins are loaded in the child by the plugin
 manager on first use, from the ``sys.path`` and environment the parent passed on, so a scheduler or logits
 processor from a third-party distribution works across the process boundary.
 
@@ -26,6 +27,7 @@ import threading
 from typing import Any
 
 from vllite.config import EngineConfig
+from vllite.cpu_threads import CpuThreadPlan
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +60,17 @@ def _setup_child(sys_path: list[str], env: dict[str, str], log_level: int) -> No
         setproctitle.setproctitle("vllite::EngineCore")
     except ImportError:
         pass
+
+
+def _prepare_cpu_threads() -> CpuThreadPlan:
+    """Resolves the CPU-thread plan of this process (``vllite.cpu_threads``) and, before torch loads, the OpenMP
+    variables it implies; a variable set by the user wins. A bad value fails the start-up, naming the variable."""
+    from vllite.cpu_threads import resolve_plan
+
+    plan = resolve_plan()
+    for key, value in plan.spawn_env().items():
+        os.environ.setdefault(key, value)
+    return plan
 
 
 class _Watcher:
@@ -136,9 +149,11 @@ def run_engine_core(
     engine_core: EngineCoreProc | None = None
     exit_code = 0
     try:
+        cpu_plan = _prepare_cpu_threads()
         engine_core = EngineCoreProc(
             config,
             handshake_address,
+            cpu_plan=cpu_plan,
             executor_class=executor_class,
             log_stats=log_stats,
             engine_index=engine_index,
