@@ -18,26 +18,35 @@ _READY = re.compile(r"vllite: serving .* on (http://\S+) ")
 
 
 class RemoteServer:
-    """``vllite serve ARGS --port 0`` in a child process; ``url`` (``http://127.0.0.1:PORT``) once it is ready.
+    """``vllite serve ARGS --port 0`` (or another serving ``command``, such as ``disagg-proxy``) in a child process;
+    ``url`` (``http://127.0.0.1:PORT``) once it is ready.
 
-    The child's output is collected in ``log`` (and echoed on failure). ``stop()`` sends SIGINT and waits.
+    The child's output is collected in ``log`` (and echoed on failure). ``stop()`` sends SIGINT and waits;
+    ``kill()`` SIGKILLs the server and every process it started (its engine core), as a crash would.
     """
 
-    def __init__(self, args: Sequence[str] = (), *, env: dict[str, str] | None = None, timeout_s: float = 120.0):
-        command = [sys.executable, "-m", "vllite.cli", "serve", "--port", "0", "--disable-uvicorn-access-log", *args]
+    def __init__(
+        self,
+        args: Sequence[str] = (),
+        *,
+        env: dict[str, str] | None = None,
+        timeout_s: float = 120.0,
+        command: str = "serve",
+    ):
+        argv = [sys.executable, "-m", "vllite.cli", command, "--port", "0", "--disable-uvicorn-access-log", *args]
         self.process = subprocess.Popen(
-            command,
+            argv,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
             env={**os.environ, **(env or {})},
         )
         self.log: list[str] = []
-        self.url = self._wait_ready(timeout_s)
+        self.url = self._wait_ready(timeout_s, command)
         self._reader = threading.Thread(target=self._drain, daemon=True)
         self._reader.start()
 
-    def _wait_ready(self, timeout_s: float) -> str:
+    def _wait_ready(self, timeout_s: float, command: str) -> str:
         deadline = time.monotonic() + timeout_s
         assert self.process.stdout is not None
         while time.monotonic() < deadline:
@@ -50,7 +59,7 @@ class RemoteServer:
                 return match.group(1)
         self.process.kill()
         self.process.wait()
-        raise EngineStartupError("vllite serve did not start:\n" + "".join(self.log[-40:]))
+        raise EngineStartupError(f"vllite {command} did not start:\n" + "".join(self.log[-40:]))
 
     def _drain(self) -> None:
         assert self.process.stdout is not None
@@ -74,8 +83,39 @@ class RemoteServer:
         self._reader.join(5)
         return self.process.returncode
 
+    def kill(self) -> None:
+        """SIGKILL to the server and its descendants (children first found, then killed), and wait for it."""
+        victims = [self.process.pid, *_descendants(self.process.pid)]
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.process.wait()
+        self._reader.join(5)
+
     def __enter__(self) -> RemoteServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (from ``/proc``; empty where there is none)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            found.append(child)
+            todo.append(child)
+    return found

@@ -113,13 +113,15 @@ async def _collect(
             )
         )
     prompt_tokens = len(prompt_ids)
-    usage = UsageInfo(prompt_tokens, completion_tokens, prompt_tokens + completion_tokens)
+    cached = {"cached_tokens": final.num_cached_tokens}
+    usage = UsageInfo(prompt_tokens, completion_tokens, prompt_tokens + completion_tokens, cached)
     return ChatCompletionResponse(
         id=request_id,
         model=model,
         choices=choices,
         usage=usage,
         prompt_token_ids=prompt_ids if request.return_token_ids else None,
+        kv_transfer_params=final.kv_transfer_params,
     )
 
 

@@ -117,7 +117,7 @@ def run_server(args: argparse.Namespace) -> int:
         engine, metrics = _start_engine(engine_args, settings)
         try:
             ctx = ServerContext(engine, settings, metrics=metrics)
-            _run_event_loop(_serve(ctx, sock, args))
+            run_event_loop(_serve(ctx, sock, args))
         finally:
             engine.shutdown()
     finally:
@@ -138,7 +138,7 @@ def _start_engine(engine_args: Any, settings: ServerSettings) -> tuple[Any, Any]
     return engine, engine.stat_loggers[0]
 
 
-def _run_event_loop(main: Any) -> None:
+def run_event_loop(main: Any) -> None:
     """Runs ``main`` on uvloop where it is installed (a faster loop and socket transport), else on asyncio's."""
     try:
         import uvloop

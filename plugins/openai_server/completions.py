@@ -97,8 +97,11 @@ async def _collect(
             check_sample(sample)
             completion_tokens += len(sample.token_ids)
             choices.append(_choice(ctx, request, output, sample, index, echo=request.echo))
-    usage = UsageInfo(prompt_tokens, completion_tokens, prompt_tokens + completion_tokens)
-    return CompletionResponse(id=request_id, model=model, choices=choices, usage=usage)
+    cached = sum(output.num_cached_tokens for output in finals.values())
+    usage = UsageInfo(prompt_tokens, completion_tokens, prompt_tokens + completion_tokens, {"cached_tokens": cached})
+    # One prompt's KV connector params (vLLM returns them for single-prompt requests, as disaggregation sends them).
+    kv_params = finals[0].kv_transfer_params if len(finals) == 1 else None
+    return CompletionResponse(id=request_id, model=model, choices=choices, usage=usage, kv_transfer_params=kv_params)
 
 
 def _choice(

@@ -1,5 +1,5 @@
-"""Registers ``vllite serve``. Only this module loads at start-up; FastAPI, uvicorn and the engine are imported
-when the command runs."""
+"""Registers ``vllite serve`` and ``vllite disagg-proxy``. Only this module loads at start-up; FastAPI, uvicorn and
+the engine are imported when a command runs."""
 
 from __future__ import annotations
 
@@ -24,7 +24,24 @@ class _LazyServeCommand:
         return run_server(args)
 
 
+class _LazyProxyCommand:
+    """The ``disagg-proxy`` registry entry: the command lives in ``vllite.plugins.openai_server.disagg_proxy``."""
+
+    help = "Prefill/decode disaggregation: a proxy in front of kv_producer and kv_consumer servers."
+
+    def add_arguments(self, parser: Any) -> None:
+        from vllite.plugins.openai_server.disagg_proxy import add_proxy_arguments
+
+        add_proxy_arguments(parser)
+
+    def run(self, args: Any) -> int:
+        from vllite.plugins.openai_server.disagg_proxy import run_proxy
+
+        return run_proxy(args)
+
+
 @hookimpl
 def vllite_register_commands(register: Register) -> None:
-    """Registers ``serve``."""
+    """Registers ``serve`` and ``disagg-proxy``."""
     register("serve", _LazyServeCommand())
+    register("disagg-proxy", _LazyProxyCommand())

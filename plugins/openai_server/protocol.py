@@ -64,6 +64,8 @@ class SamplingFields(RequestModel):
     cache_salt: str | None = None
     vllm_xargs: dict[str, Any] | None = None
     extra_args: dict[str, Any] | None = None
+    # KV connectors (prefill/decode disaggregation): what the prefill server returned, passed to the decode server
+    kv_transfer_params: dict[str, Any] | None = None
     # Continuum (the fork's fields): which agent program a request belongs to, and whether it is its last turn
     job_id: str | int | None = None
     is_last_step: bool | None = None

@@ -28,7 +28,7 @@ class UsageInfo(Response):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
-    prompt_tokens_details: dict[str, int] | None = None
+    prompt_tokens_details: dict[str, int] | None = None  # {"cached_tokens": N}: prompt tokens not computed
 
 
 class CompletionLogprobs(Response):
@@ -59,6 +59,7 @@ class CompletionResponse(Response):
     object: str = "text_completion"
     created: int = msgspec.field(default_factory=now)
     usage: UsageInfo | None = None
+    kv_transfer_params: dict[str, Any] | None = None  # a KV connector's, for the next engine (vLLM's field)
 
 
 class TopLogprob(Response):
@@ -112,6 +113,7 @@ class ChatCompletionResponse(Response):
     object: str = "chat.completion"
     created: int = msgspec.field(default_factory=now)
     prompt_token_ids: list[int] | None = None
+    kv_transfer_params: dict[str, Any] | None = None  # a KV connector's, for the next engine (vLLM's field)
 
 
 class DeltaFunctionCall(Delta):

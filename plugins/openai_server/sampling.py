@@ -72,7 +72,8 @@ def build_sampling_params(
 
 
 def extra_args(request: SamplingFields) -> dict[str, Any] | None:
-    """``extra_args`` (vllite's name), ``vllm_xargs`` (vLLM's) and the Continuum fields, merged in that order."""
+    """``extra_args`` (vllite's name), ``vllm_xargs`` (vLLM's), the Continuum fields and ``kv_transfer_params``
+    (where KV connectors read it), merged in that order."""
     merged: dict[str, Any] = {}
     if request.extra_args:
         merged.update(request.extra_args)
@@ -92,6 +93,8 @@ def extra_args(request: SamplingFields) -> dict[str, Any] | None:
         value = getattr(request, name)
         if value is not None:
             merged[name] = str(value) if name == "job_id" else value
+    if request.kv_transfer_params is not None:
+        merged["kv_transfer_params"] = request.kv_transfer_params
     return merged or None
 
 
