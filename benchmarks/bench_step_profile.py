@@ -1,0 +1,167 @@
+"""How much of a decode step is spent outside the model, in-process and with the engine-core process.
+
+    python benchmarks/bench_step_profile.py                  # demo model, 256 prompts x 128 new tokens, both modes
+    python benchmarks/bench_step_profile.py --mode inprocess --cprofile 25   # plus a cProfile of one round
+
+The engine runs with a timing executor (``TimedExecutor``: the default executor whose model forward is timed;
+it is loaded by class path, so it runs inside the engine-core process too) and reports, per round, from the
+start of the first pure-decode forward (every scheduled request computes one token) to the moment
+``generate()`` returns:
+
+- ``step``: that window divided by the number of decode forwards in it (the wall-clock time of a decode step
+  as the caller sees it, output processing and the final detokenization included);
+- ``model``: the mean duration of those forwards (the transformers model call, logits included);
+- ``outside``: ``1 - model / step``, the share of a decode step spent around the model.
+
+Each mode runs ``--repeats`` rounds (prefix cache reset before each) and reports medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the engine process imports TimedExecutor from here
+
+from vllite.plugins.transformers_executor.executor import DefaultExecutor
+
+RECORDS_ENV = "VLLITE_STEP_PROFILE_FILE"
+
+
+class TimedExecutor(DefaultExecutor):
+    """The default executor, recording ``(start, end, max_query_len)`` of every model forward (monotonic clock,
+    shared by the processes of one machine) and writing them to ``$VLLITE_STEP_PROFILE_FILE`` at shutdown."""
+
+    def _init_executor(self) -> Any:
+        info = super()._init_executor()
+        self.records: list[tuple[float, float, int]] = []
+        forward = self.runner._forward
+
+        def timed_forward(input_ids: Any, positions: Any, md: Any, logits_indices: Any) -> Any:
+            start = time.monotonic()
+            logits = forward(input_ids, positions, md, logits_indices)
+            self.records.append((start, time.monotonic(), int(md.max_query_len)))
+            return logits
+
+        self.runner._forward = timed_forward  # type: ignore[method-assign]
+        return info
+
+    def shutdown(self) -> None:
+        """Writes the forward records, then shuts down as the default executor does."""
+        path = os.environ.get(RECORDS_ENV)
+        records = getattr(self, "records", None)
+        if path and records is not None:
+            Path(path).write_text(json.dumps(records))
+            records.clear()
+        super().shutdown()
+
+
+def make_prompts(vocab_size: int, num_prompts: int, input_len: int, seed: int) -> list[list[int]]:
+    """Random token prompts of ``input_len / 2 .. input_len`` tokens (the throughput benchmark's workload)."""
+    rng = random.Random(seed)
+    return [
+        [rng.randrange(10, vocab_size) for _ in range(rng.randint(input_len // 2, input_len))]
+        for _ in range(num_prompts)
+    ]
+
+
+def round_figures(records: list[tuple[float, float, int]], start: float, end: float) -> dict[str, float]:
+    """One round's decode-step figures (see the module docstring) from the forwards within ``start .. end``."""
+    decode = [(s, e) for s, e, q in records if start <= s <= end and q == 1]
+    if not decode:
+        return {"step_ms": float("nan"), "model_ms": float("nan"), "outside": float("nan"), "decode_steps": 0}
+    step = (end - decode[0][0]) / len(decode)
+    model = statistics.fmean(e - s for s, e in decode)
+    return {"step_ms": step * 1e3, "model_ms": model * 1e3, "outside": 1 - model / step, "decode_steps": len(decode)}
+
+
+def run_mode(mode: str, model: str, args: argparse.Namespace) -> list[dict[str, float]]:
+    """Runs ``args.repeats`` rounds in one engine of ``mode`` and returns each round's figures."""
+    from vllite import LLM, SamplingParams
+
+    fd, records_file = tempfile.mkstemp(prefix="vllite-step-", suffix=".json")
+    os.close(fd)
+    os.environ[RECORDS_ENV] = records_file
+    os.environ["VLLITE_ENABLE_MULTIPROCESSING"] = "1" if mode == "process" else "0"
+    llm = LLM(
+        model,
+        dtype=args.dtype,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        executor="bench_step_profile:TimedExecutor",
+    )
+    vocab = llm.llm_engine.engine_info.vocab_size
+    prompts = [{"prompt_token_ids": p} for p in make_prompts(vocab, args.num_prompts, args.input_len, args.seed)]
+    params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
+    llm.generate([{"prompt_token_ids": [11, 12, 13]}], SamplingParams(max_tokens=4), use_tqdm=False)
+    windows = []
+    for i in range(args.repeats):
+        llm.reset_prefix_cache()
+        profiler = cProfile.Profile() if args.cprofile and mode == "inprocess" and i == args.repeats - 1 else None
+        start = time.monotonic()
+        if profiler is not None:
+            profiler.enable()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        if profiler is not None:
+            profiler.disable()
+        windows.append((start, time.monotonic()))
+        assert sum(len(o.outputs[0].token_ids) for o in outputs) == args.num_prompts * args.output_len
+        if profiler is not None:
+            print(f"--- cProfile of the last {mode} round (top {args.cprofile} by cumulative time) ---")
+            pstats.Stats(profiler).sort_stats("cumulative").print_stats(args.cprofile)
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(args.cprofile)
+    llm.shutdown()
+    records = json.loads(Path(records_file).read_text())
+    os.unlink(records_file)
+    rounds = [round_figures(records, start, end) for start, end in windows]
+    if args.cprofile and mode == "inprocess":
+        rounds = rounds[:-1] or rounds  # the profiled round is slower: keep it out of the medians when possible
+    return rounds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="Model folder (default: the demo model).")
+    parser.add_argument("--mode", choices=("inprocess", "process", "both"), default="both")
+    parser.add_argument("--num-prompts", type=int, default=256)
+    parser.add_argument("--input-len", type=int, default=64)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=4096)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--cprofile", type=int, default=0, help="Print this many cProfile rows (in-process).")
+    parser.add_argument("--json", default=None, help="Also write the results to this JSON file.")
+    args = parser.parse_args()
+
+    from vllite.assets import default_model_path
+
+    model = args.model or default_model_path()
+    modes = ("inprocess", "process") if args.mode == "both" else (args.mode,)
+    results: dict[str, Any] = {}
+    for mode in modes:
+        rounds = run_mode(mode, model, args)
+        summary = {key: statistics.median(r[key] for r in rounds) for key in ("step_ms", "model_ms", "outside")}
+        results[mode] = {"median": summary, "rounds": rounds}
+        print(
+            f"{mode:10s} decode step {summary['step_ms']:6.2f} ms, model {summary['model_ms']:6.2f} ms: "
+            f"{100 * summary['outside']:5.1f}% of step outside the model "
+            f"(median of {len(rounds)}: " + ", ".join(f"{100 * r['outside']:.1f}%" for r in rounds) + ")"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
