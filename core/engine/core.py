@@ -148,6 +148,18 @@ class EngineCore:
             or bool(self._drain_waiters)
         )
 
+    def has_client_work(self) -> bool:
+        """:meth:`has_work` less the finished requests whose blocks a KV connector still holds for another engine
+        (a prefill engine's KV no decode engine fetched yet): nobody waits on those here, so a shutdown gives them
+        up instead of waiting for them."""
+        return (
+            self.scheduler.has_unfinished_requests()
+            or bool(self.batch_queue)
+            or bool(self._pending_finishes)
+            or bool(self._pending_errors)
+            or bool(self._drain_waiters)
+        )
+
     # ------------------------------------------------------------------ stepping
     def _execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         # Called even for an empty step: the executor must still drop finished and preempted requests.

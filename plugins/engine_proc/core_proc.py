@@ -172,7 +172,7 @@ class EngineCoreProc:
             logger.warning("Drain timeout expired; aborting the remaining requests.")
             self._shutdown_deadline = None
             self.io.send_outputs(self.engine.abort_all_requests())
-        if not self.has_work():
+        if not (self.engines_running or self.engine.has_client_work()):
             logger.info("Shutdown complete")
             return False
         return True
