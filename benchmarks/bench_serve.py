@@ -7,8 +7,15 @@ client); output tokens/s of both, and their ratio.
 ``peer``: ``vllite serve`` against vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server`` run by
 ``--vllm-python``) on the same model and load: throughput and TTFT / TPOT percentiles of both.
 
+``disagg``: prefill/decode disaggregation against one colocated engine on the same cores and load (long prompts,
+short outputs, arriving at ``--request-rate``): a ``p2p`` kv_producer and a kv_consumer ``vllite serve``, each on
+half of the CPUs (``VLLITE_CPU_OMP_THREADS_BIND``), behind ``vllite disagg-proxy``, vs one ``vllite serve`` on all
+of them. Throughput, TTFT and TPOT percentiles of both.
+
     python benchmarks/bench_serve.py overhead --rounds 3
     python benchmarks/bench_serve.py peer --vllm-python /tmp/vllm-venv/bin/python --rounds 3
+    python benchmarks/bench_serve.py disagg --model MODEL --input-len 512 --output-len 64 --range-ratio 0.5 \
+        --request-rate 2 --num-prompts 48 --rounds 3
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ def load_config(args: argparse.Namespace, base_url: str, model: str | None = Non
         request_rate=args.request_rate,
         random_input_len=args.input_len,
         random_output_len=args.output_len,
+        random_range_ratio=args.range_ratio,
         vocab_size=args.vocab_size,
         seed=args.seed,
     )
@@ -147,13 +155,62 @@ def peer(args: argparse.Namespace) -> dict:
     return summary
 
 
+def _p2p_flags(role: str) -> list[str]:
+    config = {"kv_connector": "p2p", "kv_role": role, "kv_load_failure_policy": "recompute"}
+    return ["--kv-transfer-config", json.dumps(config)]
+
+
+def disagg(args: argparse.Namespace) -> dict:
+    import os
+
+    cpus = sorted(os.sched_getaffinity(0))
+    half = max(1, len(cpus) // 2)
+    prefill_cpus, decode_cpus = cpus[:half], cpus[half:] or cpus[:half]
+    quiet = [*engine_flags(args), "--uvicorn-log-level", "warning"]
+
+    def bind(cpu_list: list[int]) -> dict[str, str]:
+        return {"VLLITE_CPU_OMP_THREADS_BIND": ",".join(map(str, cpu_list))}
+
+    rows: dict[str, list[dict]] = {"colocated": [], "disaggregated": []}
+    with (
+        RemoteServer(quiet) as colocated,
+        RemoteServer([*quiet, *_p2p_flags("kv_producer")], env=bind(prefill_cpus)) as prefill,
+        RemoteServer([*quiet, *_p2p_flags("kv_consumer")], env=bind(decode_cpus)) as decode,
+        RemoteServer(
+            ["--prefill", prefill.url, "--decode", decode.url, "--uvicorn-log-level", "warning"],
+            command="disagg-proxy",
+        ) as proxy,
+    ):
+        for _ in range(args.rounds):
+            for name, url in (("colocated", colocated.url), ("disaggregated", proxy.url)):
+                figures = bench_serve(load_config(args, url), log=lambda _: None)
+                rows[name].append(figures)
+                print(
+                    f"{name}: {figures['output_throughput']:.1f} tok/s, TTFT p50 {figures['median_ttft_ms']:.0f} ms, "
+                    f"TPOT p50 {figures['median_tpot_ms']:.1f} ms p99 {figures['p99_tpot_ms']:.1f} ms, "
+                    f"failed {figures['failed']}",
+                    flush=True,
+                )
+    keys = ["output_throughput", "request_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms"]
+    summary: dict = {name: {k: statistics.median(r[k] for r in runs) for k in keys} for name, runs in rows.items()}
+    summary["cpus"] = {"colocated": cpus, "prefill": prefill_cpus, "decode": decode_cpus}
+    summary["throughput_ratio_disagg_over_colocated"] = (
+        summary["disaggregated"]["output_throughput"] / summary["colocated"]["output_throughput"]
+    )
+    summary["p99_tpot_ratio_disagg_over_colocated"] = (
+        summary["disaggregated"]["p99_tpot_ms"] / summary["colocated"]["p99_tpot_ms"]
+    )
+    return summary
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=["overhead", "peer"])
+    parser.add_argument("mode", choices=["overhead", "peer", "disagg"])
     parser.add_argument("--model", default=None, help="Model folder (default: the demo model).")
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--range-ratio", type=float, default=0.0, help="Lengths vary by +-this fraction.")
     parser.add_argument("--request-rate", type=float, default=float("inf"))
     parser.add_argument("--vocab-size", type=int, default=None)
     parser.add_argument("--max-model-len", type=int, default=1024)
@@ -168,7 +225,7 @@ def main() -> None:
     Path(args.output_dir).mkdir(parents=True, exist_ok=True)
     if args.mode == "peer" and not args.vllm_python:
         sys.exit("peer needs --vllm-python PATH (a python with vLLM installed)")
-    result = overhead(args) if args.mode == "overhead" else peer(args)
+    result = {"overhead": overhead, "peer": peer, "disagg": disagg}[args.mode](args)
     path = Path(args.output_dir) / f"{args.mode}.json"
     path.write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
