@@ -20,6 +20,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from vllite.speculative_config import SpeculativeConfig
+
 if TYPE_CHECKING:
     from vllite.kv_connector.config import KVTransferConfig
 
@@ -168,8 +170,8 @@ class EngineConfig:
     device_config: DeviceConfig = field(default_factory=DeviceConfig)
     observability_config: ObservabilityConfig = field(default_factory=ObservabilityConfig)
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
-    # vllite has no speculative decoding: None, which is what vLLM plugins test for.
-    speculative_config: Any = None
+    # n-gram speculative decoding (--speculative-config); None without it, which is what vLLM plugins test for.
+    speculative_config: SpeculativeConfig | None = None
     executor: str = "default"
     logits_processors: list[Any] = field(default_factory=list)
     # Free-form settings for plugins, keyed by plugin name.
@@ -324,6 +326,14 @@ class EngineArgs:
             'shorthand for --kv-transfer-config \'{"kv_connector": "offload", ...}\', which overrides it.'
         ),
     )
+    speculative_config: Any = field(
+        default=None,
+        metadata=_help(
+            'Speculative decoding as JSON (vLLM\'s fields), e.g. \'{"method": "ngram", "num_speculative_tokens": 3, '
+            '"prompt_lookup_min": 2, "prompt_lookup_max": 5}\'.',
+            cli_type=_json_dict,
+        ),
+    )
     plugin_config: dict[str, Any] = field(default_factory=dict, metadata={"cli": False})
 
     # ------------------------------------------------------------------ CLI
@@ -351,7 +361,7 @@ class EngineArgs:
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
         names = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in vars(args).items() if k in names}
-        for name in ("policy_args", "logits_processors", "kv_transfer_config"):
+        for name in ("policy_args", "logits_processors", "kv_transfer_config", "speculative_config"):
             if kwargs.get(name) is None:
                 kwargs.pop(name, None)
         return cls(**kwargs)
@@ -405,6 +415,7 @@ class EngineArgs:
             logits_processors=list(self.logits_processors or []),
             plugin_config=dict(self.plugin_config),
             kv_transfer_config=self._kv_transfer_config(),
+            speculative_config=SpeculativeConfig.resolve(self.speculative_config),
         )
         if self.max_model_len is not None:
             config._token_budget(self.max_model_len)  # fails now, not in the engine, for an impossible token budget

@@ -101,8 +101,39 @@ class LogprobsTensors(msgspec.Struct, array_like=True, gc=False):
     selected_token_ranks: Any
 
 
+class SpecDecodingStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """Speculative-decoding figures since the previous ``SchedulerStats`` (vLLM's names and meanings).
+
+    ``num_drafts``: verification steps of requests that had drafts; ``num_draft_tokens``: drafts verified;
+    ``num_accepted_tokens``: drafts accepted; ``num_accepted_tokens_per_pos[i]``: drafts accepted at draft
+    position ``i`` (``num_spec_tokens`` entries).
+    """
+
+    num_spec_tokens: int = 0
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = msgspec.field(default_factory=list)
+
+    @classmethod
+    def new(cls, num_spec_tokens: int) -> SpecDecodingStats:
+        """Empty figures for drafts of up to ``num_spec_tokens`` tokens."""
+        return cls(num_spec_tokens=num_spec_tokens, num_accepted_tokens_per_pos=[0] * num_spec_tokens)
+
+    def observe_draft(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        """Counts one request's verification: ``num_draft_tokens`` drafts, the first ``num_accepted_tokens``
+        of them accepted."""
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted_tokens
+        per_pos = self.num_accepted_tokens_per_pos
+        for position in range(min(num_accepted_tokens, len(per_pos))):
+            per_pos[position] += 1
+
+
 class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    """One step's scheduler figures, for logging and the stats observer."""
+    """One step's scheduler figures, for logging and the stats observer (``spec_decoding_stats``: with
+    speculative decoding, its figures since the previous stats)."""
 
     num_running_reqs: int = 0
     num_waiting_reqs: int = 0
@@ -111,6 +142,7 @@ class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     prefix_cache_hits: int = 0
     num_preemptions: int = 0
     step_counter: int = 0
+    spec_decoding_stats: SpecDecodingStats | None = None
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

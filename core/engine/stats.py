@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol, TypeAlias, runtime_checkable
 
-from vllite.protocol import EngineCoreEvent, EngineCoreEventType, EngineInfo, SchedulerStats
+from vllite.protocol import EngineCoreEvent, EngineCoreEventType, EngineInfo, SchedulerStats, SpecDecodingStats
 
 
 @dataclass
@@ -147,6 +147,65 @@ class IterationStats:
                 mean_time_per_output_token=decode / later_tokens if later_tokens > 0 else 0.0,
             )
         )
+
+
+@dataclass
+class SpecDecodingMetrics:
+    """Speculative-decoding figures summed over the engine's ``SpecDecodingStats`` (vLLM's meanings).
+
+    ``acceptance_rate``: accepted over proposed draft tokens. ``mean_acceptance_length``: tokens emitted per
+    verification step of a drafted request (``1 + accepted / drafts``: the accepted drafts plus the token
+    sampled after them). ``per_position_acceptance_rates[i]``: the share of drafts whose token ``i`` was
+    accepted. All 0 before the first draft.
+    """
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+
+    def add(self, stats: SpecDecodingStats | None) -> None:
+        """Adds one ``SchedulerStats.spec_decoding_stats`` (``None``: nothing)."""
+        if stats is None:
+            return
+        self.num_drafts += stats.num_drafts
+        self.num_draft_tokens += stats.num_draft_tokens
+        self.num_accepted_tokens += stats.num_accepted_tokens
+        per_pos = self.num_accepted_tokens_per_pos
+        if len(per_pos) < len(stats.num_accepted_tokens_per_pos):
+            per_pos.extend([0] * (len(stats.num_accepted_tokens_per_pos) - len(per_pos)))
+        for position, count in enumerate(stats.num_accepted_tokens_per_pos):
+            per_pos[position] += count
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+
+    @property
+    def per_position_acceptance_rates(self) -> list[float]:
+        return [count / self.num_drafts if self.num_drafts else 0.0 for count in self.num_accepted_tokens_per_pos]
+
+
+class SpecDecodingStatLogger:
+    """A ``StatLogger`` that sums each engine's speculative-decoding figures (``metrics[engine_index]``), e.g.
+    ``AsyncLLM(config, stat_loggers=[SpecDecodingStatLogger()])`` with stats on (``disable_log_stats=False``)."""
+
+    def __init__(self) -> None:
+        self.metrics: dict[int, SpecDecodingMetrics] = {}
+
+    def record(
+        self,
+        scheduler_stats: SchedulerStats | None,
+        iteration_stats: IterationStats | None,
+        engine_index: int = 0,
+    ) -> None:
+        """Adds the batch's ``spec_decoding_stats`` (if any) to engine ``engine_index``'s sums."""
+        if scheduler_stats is not None and scheduler_stats.spec_decoding_stats is not None:
+            self.metrics.setdefault(engine_index, SpecDecodingMetrics()).add(scheduler_stats.spec_decoding_stats)
 
 
 @runtime_checkable

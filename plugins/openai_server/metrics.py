@@ -17,7 +17,7 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from vllite.engine.stats import IterationStats
-from vllite.protocol import EngineInfo, FinishReason, SchedulerStats
+from vllite.protocol import EngineInfo, FinishReason, SchedulerStats, SpecDecodingStats
 
 TTFT_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
@@ -48,8 +48,10 @@ def buckets_1_2_5(max_value: int) -> list[int]:
 class PrometheusStatLogger:
     """A ``StatLogger`` that keeps vLLM's Prometheus metrics (prefix ``vllite:``) in its own registry.
 
-    Gauges hold the latest ``SchedulerStats`` (running, waiting, KV-cache usage); the scheduler's prefix-cache
-    and preemption figures, which are deltas since its previous stats, are added to counters; token counters and
+    Gauges hold the latest ``SchedulerStats`` (running, waiting, KV-cache usage); the scheduler's prefix-cache,
+    preemption and speculative-decoding figures (``spec_decode_num_drafts``, ``..._num_draft_tokens``,
+    ``..._num_accepted_tokens``, ``..._num_accepted_tokens_per_pos`` with a ``position`` label), which are deltas
+    since its previous stats, are added to counters; token counters and
     the TTFT / inter-token histograms come from each ``IterationStats``, the per-request histograms and
     ``request_success`` from its finished requests. ``render()`` is the ``/metrics`` response.
     """
@@ -106,6 +108,15 @@ class PrometheusStatLogger:
         self._request_generation_tokens = self._histogram(
             "request_generation_tokens", "Number of generation tokens processed.", token_buckets
         )
+        self._spec_drafts = self._counter("spec_decode_num_drafts", "Number of spec decoding drafts.")
+        self._spec_draft_tokens = self._counter("spec_decode_num_draft_tokens", "Number of draft tokens.")
+        self._spec_accepted_tokens = self._counter("spec_decode_num_accepted_tokens", "Number of accepted tokens.")
+        self._spec_accepted_per_pos = Counter(
+            "vllite:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted tokens per draft position.",
+            [*self._labelnames, "position"],
+            registry=self.registry,
+        )
         self._engines: dict[int, _EngineMetrics] = {}
         self._engine(0)  # engine 0's series show (at zero) before the first request
 
@@ -124,6 +135,8 @@ class PrometheusStatLogger:
             m.prefix_queries.inc(scheduler_stats.prefix_cache_queries)
             m.prefix_hits.inc(scheduler_stats.prefix_cache_hits)
             m.preemptions.inc(scheduler_stats.num_preemptions)
+            if scheduler_stats.spec_decoding_stats is not None:
+                m.record_spec_decoding(scheduler_stats.spec_decoding_stats)
         if iteration_stats is None:
             return
         m.prompt_tokens.inc(iteration_stats.num_prompt_tokens)
@@ -189,9 +202,25 @@ class _EngineMetrics:
         self.prompt_tokens_hist = parent._request_prompt_tokens.labels(*labels)
         self.generation_tokens_hist = parent._request_generation_tokens.labels(*labels)
         self._request_success = parent._request_success
+        self._spec_drafts = parent._spec_drafts.labels(*labels)
+        self._spec_draft_tokens = parent._spec_draft_tokens.labels(*labels)
+        self._spec_accepted_tokens = parent._spec_accepted_tokens.labels(*labels)
+        self._spec_accepted_per_pos_family = parent._spec_accepted_per_pos
+        self._spec_accepted_per_pos: list[Any] = []
         self._success: dict[str, Any] = {
             str(reason): parent._request_success.labels(*labels, str(reason)) for reason in FinishReason
         }
+
+    def record_spec_decoding(self, stats: SpecDecodingStats) -> None:
+        """Adds one step's speculative-decoding figures (the per-position series appear with the first)."""
+        self._spec_drafts.inc(stats.num_drafts)
+        self._spec_draft_tokens.inc(stats.num_draft_tokens)
+        self._spec_accepted_tokens.inc(stats.num_accepted_tokens)
+        per_pos = self._spec_accepted_per_pos
+        while len(per_pos) < len(stats.num_accepted_tokens_per_pos):
+            per_pos.append(self._spec_accepted_per_pos_family.labels(*self.labels, str(len(per_pos))))
+        for counter, count in zip(per_pos, stats.num_accepted_tokens_per_pos):
+            counter.inc(count)
 
     def success(self, finish_reason: str) -> Any:
         """The ``request_success`` counter of this engine for ``finish_reason``."""
