@@ -92,6 +92,11 @@ class InputBatch:
         self.repetition_penalties = np.ones(max_num_reqs, dtype=np.float32)
 
         self.batch_update_builder = BatchUpdateBuilder()
+        # Bumped whenever a row's request or sampling parameters change (add, remove, move): what the model
+        # runner derives from the batch's composition (request ids, sampling metadata) is reused while it holds.
+        self.version = 0
+        self._req_ids: list[str] = []
+        self._req_ids_version = -1
 
     # ------------------------------------------------------------------ views
     @property
@@ -100,8 +105,12 @@ class InputBatch:
 
     @property
     def req_ids(self) -> list[str]:
-        """Request ids of rows ``0 .. num_reqs-1`` (valid after :meth:`condense`)."""
-        return [r for r in self.req_ids_by_row[: self.num_reqs] if r is not None]
+        """Request ids of rows ``0 .. num_reqs-1`` (valid after :meth:`condense`); the same list object while the
+        composition is unchanged, so do not modify it."""
+        if self._req_ids_version != self.version:
+            self._req_ids = [r for r in self.req_ids_by_row[: self.num_reqs] if r is not None]
+            self._req_ids_version = self.version
+        return self._req_ids
 
     def state_at(self, row: int) -> CachedRequestState:
         state = self.states[row]
@@ -121,6 +130,7 @@ class InputBatch:
             row = self.num_reqs
         if row >= self.max_num_reqs:
             raise BatchStateError(f"the input batch is full ({self.max_num_reqs} requests; raise max_num_seqs)")
+        self.version += 1
         if row == len(self.req_ids_by_row):
             self.req_ids_by_row.append(state.req_id)
             self.states.append(state)
@@ -153,6 +163,7 @@ class InputBatch:
         row = self.req_id_to_index.pop(req_id, None)
         if row is None:
             return None
+        self.version += 1
         self.batch_update_builder.removed_append(row)
         self.req_ids_by_row[row] = None
         self.states[row] = None
@@ -184,6 +195,7 @@ class InputBatch:
     def _move_row(self, src: int, dst: int) -> None:
         req_id = self.req_ids_by_row[src]
         assert req_id is not None
+        self.version += 1
         self.req_ids_by_row[dst], self.req_ids_by_row[src] = req_id, None
         self.states[dst], self.states[src] = self.states[src], None
         self.req_id_to_index[req_id] = dst
@@ -214,6 +226,16 @@ class InputBatch:
             raise ValueError(f"{end} blocks exceed the per-request maximum of {self.block_table.shape[1]}")
         self.block_table[row, start:end] = block_ids
         self.num_blocks[row] = end
+
+    def append_tokens(self, rows: np.ndarray, token_ids: np.ndarray) -> None:
+        """Records one sampled token for each of ``rows`` at once (vectorised :meth:`append_token`)."""
+        n = self.num_tokens[rows]
+        fits = n < self.max_model_len
+        if fits.all():
+            self.token_ids[rows, n] = token_ids
+        else:
+            self.token_ids[rows[fits], n[fits]] = token_ids[fits]
+        self.num_tokens[rows] = n + 1
 
     def append_token(self, row: int, token_id: int) -> None:
         """Records a sampled token in the row (the caller appends it to the live output list too)."""

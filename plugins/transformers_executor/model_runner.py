@@ -33,6 +33,7 @@ from vllite.plugins.transformers_executor.kv_connector_step import execute_with_
 from vllite.plugins.transformers_executor.model_loader import ModelSpec
 from vllite.plugins.transformers_executor.prompt_logprobs import compute_prompt_logprobs, plan_prompt_logprobs
 from vllite.plugins.transformers_executor.sampler import Sampler, SamplingMetadata
+from vllite.plugins.transformers_executor.step_buffers import StepBuffers, prepare_inputs
 from vllite.protocol import LogprobsLists
 from vllite.sampling_params import SamplingType
 from vllite.sched.output import ModelRunnerOutput, SchedulerOutput
@@ -77,6 +78,13 @@ class ModelRunner:
         self._kv_buffer: torch.Tensor | None = None
         self.kv_connector: KVConnectorBase | None = None  # the worker role, when --kv-transfer-config is set
         self._accepts_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        # Per batch composition (InputBatch.version): the row index map, whether prompt logprobs are wanted, and
+        # the sampling metadata of a step whose rows all sample.
+        self._index_version = self._prompt_lp_version = self._md_version = -1
+        self._index_map: dict[str, int] = {}
+        self._prompt_lp = False
+        self._md_cache: SamplingMetadata | None = None
+        self.buffers = StepBuffers(self.max_num_reqs)
 
     @staticmethod
     def _output_vocab_size(model: torch.nn.Module, spec: ModelSpec) -> int:
@@ -130,15 +138,18 @@ class ModelRunner:
         batch = self.input_batch
         num_reqs = batch.num_reqs
         req_ids = batch.req_ids
-        num_scheduled = np.array([scheduler_output.num_scheduled_tokens[r] for r in req_ids], dtype=np.int64)
+        scheduled = scheduler_output.num_scheduled_tokens
+        num_scheduled = np.fromiter(map(scheduled.__getitem__, req_ids), dtype=np.int64, count=num_reqs)
         input_ids, positions, metadata = self._prepare_inputs(num_scheduled)
         seq_lens = batch.num_computed_tokens[:num_reqs] + num_scheduled
         samples = seq_lens >= batch.num_tokens[:num_reqs]
 
         logits_indices = metadata.query_start_loc[1:].to(torch.int64) - 1
-        prompt_plan = plan_prompt_logprobs(
-            self.requests, req_ids, num_scheduled.tolist(), metadata.query_start_loc.tolist(), self.vocab_size
-        )
+        prompt_plan = None
+        if self._wants_prompt_logprobs(batch):
+            prompt_plan = plan_prompt_logprobs(
+                self.requests, req_ids, num_scheduled.tolist(), metadata.query_start_loc.tolist(), self.vocab_size
+            )
         if prompt_plan:
             extra = torch.cat([torch.arange(c.lo, c.hi) for c in prompt_plan]).to(self.device)
             logits_indices = torch.cat([logits_indices, extra])
@@ -146,18 +157,9 @@ class ModelRunner:
 
         sampling_md = self._sampling_metadata(samples)
         out = self.sampler(logits[:num_reqs], sampling_md)
-        sampled = out.sampled_token_ids.tolist()
+        sampled = out.sampled_token_ids.cpu().numpy()
         failed = self._take_failed_requests(req_ids, samples)
-
-        sampled_token_ids: list[list[int]] = []
-        for row, req_id in enumerate(req_ids):
-            if not samples[row]:
-                sampled_token_ids.append([])
-                continue
-            token = int(sampled[row])
-            self.requests[req_id].output_token_ids.append(token)  # the live list the processors read
-            batch.append_token(row, token)
-            sampled_token_ids.append([token])
+        sampled_token_ids = self._record_sampled(sampled, samples)
 
         logprobs = None
         if out.logprobs_tensors is not None and samples.any():
@@ -167,15 +169,56 @@ class ModelRunner:
             logprobs = LogprobsLists(
                 t.logprob_token_ids[rows].tolist(), t.logprobs[rows].tolist(), t.selected_token_ranks[rows].tolist()
             )
-        prompt_logprobs = compute_prompt_logprobs(prompt_plan, logits[num_reqs:], self.requests)
+        prompt_logprobs = compute_prompt_logprobs(prompt_plan or [], logits[num_reqs:], self.requests)
         return ModelRunnerOutput(
             req_ids=req_ids,
-            req_id_to_index={r: i for i, r in enumerate(req_ids)},
+            req_id_to_index=self._req_id_to_index(),
             sampled_token_ids=sampled_token_ids,
             logprobs=logprobs,
             prompt_logprobs_dict=prompt_logprobs,
             failed_requests=failed,
         )
+
+    def _record_sampled(self, sampled: np.ndarray, samples: np.ndarray) -> list[list[int]]:
+        """Appends each sampling row's token to its request's live output list and to the batch (rows that
+        sample nothing get ``[]``); returns ``sampled_token_ids`` in row order."""
+        batch = self.input_batch
+        rows = np.flatnonzero(samples)
+        if not rows.size:
+            return [[] for _ in range(len(samples))]
+        batch.append_tokens(rows, sampled[rows])
+        states = batch.states
+        if rows.size == len(samples):
+            tokens = sampled.tolist()
+            for state, token in zip(states, tokens, strict=False):
+                assert state is not None
+                state.output_token_ids.append(token)  # the live list the processors read
+            return [[token] for token in tokens]
+        result: list[list[int]] = [[] for _ in range(len(samples))]
+        for row in rows.tolist():
+            token = int(sampled[row])
+            state = states[row]
+            assert state is not None
+            state.output_token_ids.append(token)
+            result[row] = [token]
+        return result
+
+    def _req_id_to_index(self) -> dict[str, int]:
+        """``req_id -> row`` of the condensed batch (one dict per batch composition; consumers only read it)."""
+        batch = self.input_batch
+        if self._index_version != batch.version:
+            self._index_map = dict(batch.req_id_to_index)
+            self._index_version = batch.version
+        return self._index_map
+
+    def _wants_prompt_logprobs(self, batch: InputBatch) -> bool:
+        """Whether any row asks for prompt logprobs (cached per batch composition)."""
+        if self._prompt_lp_version != batch.version:
+            self._prompt_lp = any(
+                state is not None and state.sampling_params.prompt_logprobs is not None for state in batch.states
+            )
+            self._prompt_lp_version = batch.version
+        return self._prompt_lp
 
     def _take_failed_requests(self, req_ids: list[str], samples: np.ndarray) -> dict[str, str] | None:
         """The requests a logits processor failed on this step (``req_id -> message``); their rows are marked as
@@ -275,40 +318,14 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ inputs
     def _prepare_inputs(self, num_scheduled: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        batch = self.input_batch
-        num_reqs = len(num_scheduled)
-        cu = np.cumsum(num_scheduled)
-        total = int(cu[-1])
-        row_of_token = np.repeat(np.arange(num_reqs), num_scheduled)
-        offsets = np.arange(total) - np.repeat(cu - num_scheduled, num_scheduled)
-        positions = batch.num_computed_tokens[row_of_token] + offsets
-        seq_lens = batch.num_computed_tokens[:num_reqs] + num_scheduled
-        if (seq_lens > batch.num_tokens[:num_reqs]).any():
-            row = int(np.argmax(seq_lens > batch.num_tokens[:num_reqs]))
-            raise ValueError(
-                f"Request {batch.req_ids[row]!r} is scheduled past its known tokens "
-                f"({int(seq_lens[row])} > {int(batch.num_tokens[row])})."
-            )
-        block_idx = positions // self.block_size
-        if (block_idx >= batch.num_blocks[row_of_token]).any():
-            t = int(np.argmax(block_idx >= batch.num_blocks[row_of_token]))
-            raise ValueError(
-                f"Request {batch.req_ids[row_of_token[t]]!r} has no KV block for position {int(positions[t])}."
-            )
-        slots = batch.block_table[row_of_token, block_idx].astype(np.int64) * self.block_size
-        slots += positions % self.block_size
-        max_blocks = int(-(-seq_lens.max() // self.block_size))
-        dev = self.device
-        metadata = AttentionMetadata(
-            slot_mapping=torch.from_numpy(slots).to(dev),
-            block_tables=torch.from_numpy(np.ascontiguousarray(batch.block_table[:num_reqs, :max_blocks])).to(dev),
-            seq_lens=torch.from_numpy(seq_lens.astype(np.int32)).to(dev),
-            query_start_loc=torch.from_numpy(np.concatenate([[0], cu]).astype(np.int32)).to(dev),
-            max_query_len=int(num_scheduled.max()),
-            max_seq_len=int(seq_lens.max()),
+        return prepare_inputs(
+            self.input_batch,
+            num_scheduled,
+            self.block_size,
+            self.buffers,
+            self.device,
+            stable_metadata=self.kv_connector is not None,
         )
-        input_ids = torch.from_numpy(batch.token_ids[row_of_token, positions]).to(dev).unsqueeze(0)
-        return input_ids, torch.from_numpy(positions).to(dev).unsqueeze(0), metadata
 
     def _forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata, logits_indices: torch.Tensor
@@ -330,6 +347,20 @@ class ModelRunner:
         return logits
 
     def _sampling_metadata(self, samples: np.ndarray) -> SamplingMetadata:
+        """The step's sampling metadata; reused from the last step while the batch composition is unchanged and
+        every row samples (only the penalties' token counts are rebuilt)."""
+        batch = self.input_batch
+        n = batch.num_reqs
+        all_sample = bool(samples.all())
+        md = self._md_cache
+        if md is not None and all_sample and self._md_version == batch.version:
+            self._add_penalties(md, n)
+            return md
+        md = self._build_sampling_metadata(samples)
+        self._md_cache, self._md_version = (md, batch.version) if all_sample else (None, -1)
+        return md
+
+    def _build_sampling_metadata(self, samples: np.ndarray) -> SamplingMetadata:
         batch = self.input_batch
         n = batch.num_reqs
         dev = self.device
