@@ -169,3 +169,22 @@ def test_temperature_scales_the_distribution(temperature: float) -> None:
     drawn = Sampler()(logits, md).sampled_token_ids
     freq = torch.bincount(drawn, minlength=3).float() / 6000
     assert torch.allclose(freq, torch.softmax(logits[0] / temperature, dim=-1), atol=0.03)
+
+
+@pytest.mark.parametrize("temperature", [[0.0, 0.0, 0.0], [0.7, 1.3, 1.0], [0.0, 0.9, 1.1]])
+def test_fast_path_gives_the_general_paths_tokens(temperature):
+    """A batch without logprobs, allowed-token masks or penalties takes the fast path; its tokens are the general
+    path's for the same generator states (seeded rows and the default generator alike)."""
+    logits = torch.randn(3, V, generator=torch.Generator().manual_seed(1))
+
+    def run(fast: bool) -> torch.Tensor:
+        md = _md(temperature, generators={1: torch.Generator().manual_seed(7)})
+        sampler = Sampler()
+        if fast:
+            return sampler(logits.clone(), md).sampled_token_ids
+        return sampler.sample(logits.clone(), md)
+
+    for _ in range(5):
+        assert torch.equal(run(True), run(False))
+    if temperature == [0.0, 0.0, 0.0]:
+        assert torch.equal(run(True), logits.argmax(dim=-1))

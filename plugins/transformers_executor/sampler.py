@@ -8,6 +8,11 @@
    processors (min-p), top-k and top-p, and are sampled by an exponential race (``argmax(p / q)`` with
    ``q ~ Exp(1)``, the Gumbel-max trick). A request with a seed draws ``q`` from its own ``torch.Generator``,
    so its tokens do not depend on which other requests share the batch.
+
+Fast path: a batch with no logprobs, no ``allowed_token_ids`` and no penalties skips those stages; an all-greedy
+one is then the processors and one argmax, an all-random one without top-k/top-p one temperature division, the
+processors, a softmax and one exponential race, all in place (the same operations as the general path, so the
+same tokens for the same generator states).
 """
 
 from __future__ import annotations
@@ -61,6 +66,9 @@ class Sampler:
     """Turns logits ``[B, V]`` into tokens following each row's sampling parameters."""
 
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
+        """Samples one token per row of ``logits`` ``[B, V]`` following ``md``."""
+        if md.max_num_logprobs is None and md.allowed_token_ids_mask is None and md.no_penalties:
+            return SamplerOutput(self.sample_fast(logits, md), None)
         raw_logprobs = None
         if md.max_num_logprobs is not None:
             raw_logprobs = torch.log_softmax(logits.float(), dim=-1)
@@ -77,7 +85,23 @@ class Sampler:
             logprobs = gather_logprobs(raw_logprobs, md.max_num_logprobs or 0, sampled)
         return SamplerOutput(sampled, logprobs)
 
+    def sample_fast(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        """Sampling of a batch without logprobs, ``allowed_token_ids`` or penalties (see the module docstring)."""
+        logits = logits.float()
+        if md.logitsprocs is not None and md.logitsprocs.non_argmax_invariant:
+            logits = md.logitsprocs.apply_non_argmax_invariant(logits)
+        if md.all_greedy:
+            return logits.argmax(dim=-1)
+        if not md.all_random or md.top_k is not None or md.top_p is not None:
+            return self.sample(logits, md)
+        logits = logits / md.temperature.unsqueeze(1)
+        if md.logitsprocs is not None and md.logitsprocs.argmax_invariant:
+            logits = md.logitsprocs.apply_argmax_invariant(logits)
+        probs = logits.softmax(dim=-1, dtype=torch.float32)
+        return exponential_race(probs, md.generators, md.default_generator, in_place=True)
+
     def sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        """Greedy rows' argmax and random rows' exponential race (after temperature, processors, top-k/p)."""
         greedy = None if md.all_random else logits.argmax(dim=-1)
         if md.all_greedy:
             assert greedy is not None
@@ -97,16 +121,21 @@ class Sampler:
 
 
 def exponential_race(
-    probs: torch.Tensor, generators: dict[int, torch.Generator], default: torch.Generator | None
+    probs: torch.Tensor,
+    generators: dict[int, torch.Generator],
+    default: torch.Generator | None,
+    *,
+    in_place: bool = False,
 ) -> torch.Tensor:
     """Samples one index per row from ``probs`` as ``argmax(probs / q)``, ``q ~ Exp(1)`` (row ``i`` draws ``q``
-    from ``generators[i]`` when it has one, so its result depends only on its own generator's state)."""
+    from ``generators[i]`` when it has one, so its result depends only on its own generator's state). With
+    ``in_place`` ``probs`` is overwritten."""
     q = torch.empty_like(probs)
     if len(generators) != probs.shape[0]:
         q.exponential_(generator=default)
     for row, generator in generators.items():
         q[row].exponential_(generator=generator)
-    return probs.div(q).argmax(dim=-1)
+    return (probs.div_(q) if in_place else probs.div(q)).argmax(dim=-1)
 
 
 def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
