@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from vllite.cpu_threads import CpuThreadPlan
+from vllite.exceptions import CpuThreadsConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -233,16 +234,31 @@ class CpuThreadGovernor:
         return [cpu for cpu in self.plan.omp_cpus if cpu in active]
 
 
-def govern_engine_core(engine_core: Any, plan: CpuThreadPlan) -> CpuThreadGovernor:
+def govern_engine_core(engine_core: Any, plan: CpuThreadPlan, *, caller_thread: bool = False) -> CpuThreadGovernor:
     """Applies ``plan`` on the calling thread (the one that steps ``engine_core``) and makes the engine's chosen
-    step function (``EngineCore.step_fn``) call the governor after each step."""
+    step function (``EngineCore.step_fn``) call the governor after each step.
+
+    ``caller_thread``: the engine steps in the user's thread (in-process), so that thread is pinned only while
+    it steps and gets its own affinity mask back in between; threads and processes it starts are not confined to
+    the engine's first CPU.
+    """
     governor = CpuThreadGovernor(plan)
+    home = os.sched_getaffinity(0)
     governor.start()
+    pin_in_step = caller_thread and plan.pinned
+    if pin_in_step:
+        os.sched_setaffinity(0, home)
     step_fn = engine_core.step_fn
 
     def governed_step() -> Any:
-        result = step_fn()
-        governor.after_step()
+        if pin_in_step:
+            os.sched_setaffinity(0, {governor.active_cpus[0]})
+        try:
+            result = step_fn()
+            governor.after_step()
+        finally:
+            if pin_in_step:
+                os.sched_setaffinity(0, home)
         return result
 
     engine_core.step_fn = governed_step
@@ -257,7 +273,12 @@ def govern_inprocess_client(client: Any) -> CpuThreadGovernor | None:
 
     if not isinstance(client, InprocClient):
         return None
-    return govern_engine_core(client.engine_core, resolve_plan())
+    try:
+        plan = resolve_plan()
+    except CpuThreadsConfigError:
+        client.shutdown()
+        raise
+    return govern_engine_core(client.engine_core, plan, caller_thread=True)
 
 
 def confine_frontend(plan: CpuThreadPlan) -> None:

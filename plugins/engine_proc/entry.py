@@ -1,9 +1,10 @@
 """The engine-core child process: entry point, signal handling and parent-death watch.
 
-``run_engine_core`` is the ``multiprocessing`` (spawn) target. Before torch loads it resolves the CPU-thread plan
-(``VLLITE_CPU_OMP_THREADS_BIND``, see ``vllite.cpu_threads``) and sets the OpenMP variables it implies. Plugins are loaded in the child by the plugin
-manager on first use, from the ``sys.path`` and environment the parent passed on, so a scheduler or logits
-processor from a third-party distribution works across the process boundary.
+``run_engine_core`` is the ``multiprocessing`` (spawn) target. Before torch loads it resolves the CPU-thread
+plan (``VLLITE_CPU_OMP_THREADS_BIND``, see ``vllite.cpu_threads``) and sets the OpenMP variables it implies.
+Plugins are loaded in the child by the plugin manager on first use, from the ``sys.path`` and environment the
+parent passed on, so a scheduler or logits processor from a third-party distribution works across the process
+boundary.
 
 SIGTERM / SIGINT request a shutdown (RUNNING → REQUESTED). The pipe a watcher thread selects on is installed as
 the signal wakeup fd (``signal.set_wakeup_fd``), so CPython's C-level handler writes the signal number to it the
