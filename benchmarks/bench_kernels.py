@@ -1,9 +1,11 @@
 """Benchmark the paged-attention kernels.
 
-CPU: the torch reference (the CPU execution path) against a dense SDPA peer on the same shapes; the peer
-gets its K/V already contiguous and its masks prebuilt, so the ratio is the cost of paging (block-table
-gather, mask construction, float32 softmax). CUDA (when present): the Triton kernel against the reference
-and against the same dense SDPA peer.
+CPU: the variable-length CPU path (``vllite.kernels.cpu_attention``, the CPU execution path; its plan built
+once per step, as a forward pass shares it across layers, and timed separately) against the padded torch
+reference and against a dense SDPA peer on the same shapes; the peer gets its K/V already contiguous and its
+masks prebuilt, so ``fast/sdpa`` is the cost of paging. The shapes include a mixed-length decode batch
+(64 sequences, contexts 16..800), a uniform decode batch, prefills and mixes. CUDA (when present): the Triton
+kernel against the reference and against the same dense SDPA peer.
 
     python benchmarks/bench_kernels.py [--threads N] [--iters N]
 """
@@ -18,11 +20,15 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from vllite.kernels.cpu_attention import paged_attention_cpu
+from vllite.kernels.cpu_plan import plan_paged_attention_cpu
 from vllite.kernels.reference import paged_attention_ref
 
 # name -> list of (context_len, query_len) per sequence
 SHAPES: dict[str, list[tuple[int, int]]] = {
+    "decode 64x ctx16..800": [(16 + (784 * i) // 63, 1) for i in range(64)],
     "decode 32x ctx512": [(512, 1)] * 32,
+    "verify 32x(ctx16..800+4)": [(16 + (784 * i) // 31, 4) for i in range(32)],
     "prefill 4x256": [(0, 256)] * 4,
     "chunked 2x(ctx256+128)": [(256, 128)] * 2,
     "mixed 16 decode + 1x256": [(384, 1)] * 16 + [(0, 256)],
@@ -106,14 +112,24 @@ def main() -> None:
     torch.set_num_threads(ns.threads)
     print(f"H={NUM_HEADS} Hkv={NUM_KV_HEADS} D={HEAD_DIM} block={BLOCK_SIZE}, torch threads={ns.threads}")
 
-    print("\nCPU float32: reference paged attention vs dense SDPA peer (median ms)")
-    print(f"{'shape':28} {'ref':>9} {'sdpa':>9} {'ratio':>7}")
+    print("\nCPU float32: variable-length CPU path vs padded reference vs dense SDPA peer (median ms per layer)")
+    print(f"{'shape':28} {'fast':>8} {'plan':>7} {'ref':>8} {'sdpa':>8} {'ref/fast':>8} {'fast/sdpa':>9}")
     for name, specs in SHAPES.items():
         case = build(specs, "cpu", torch.float32)
         p = case["paged"]
+        tables, seq_lens, qsl = p["args"][3:]
+        dims = dict(block_size=BLOCK_SIZE, num_heads=NUM_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM)
+        plan = plan_paged_attention_cpu(tables, seq_lens, qsl, **dims)
+        expect = paged_attention_ref(*p["args"], **p["kwargs"])
+        torch.testing.assert_close(paged_attention_cpu(*p["args"], **p["kwargs"], plan=plan), expect)
+        t_plan = timeit(lambda a=p["args"][3:], d=dims: plan_paged_attention_cpu(*a, **d), ns.iters, False)
+        t_fast = timeit(lambda p=p, x=plan: paged_attention_cpu(*p["args"], **p["kwargs"], plan=x), ns.iters, False)
         t_ref = timeit(lambda p=p: paged_attention_ref(*p["args"], **p["kwargs"]), ns.iters, False)
         t_peer = timeit(lambda c=case: sdpa_peer(c["peer"]), ns.iters, False)
-        print(f"{name:28} {t_ref:9.2f} {t_peer:9.2f} {t_ref / t_peer:7.2f}")
+        print(
+            f"{name:28} {t_fast:8.2f} {t_plan:7.2f} {t_ref:8.2f} {t_peer:8.2f} {t_ref / t_fast:8.2f} "
+            f"{t_fast / t_peer:9.2f}"
+        )
 
     if not torch.cuda.is_available():
         print("\nno CUDA device: skipping the Triton benchmark")

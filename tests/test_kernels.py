@@ -222,10 +222,14 @@ def test_paged_attention_rejects_bad_gqa() -> None:
         paged_attention_ref(*case.args(), **case.kwargs(), scale=1.0)
 
 
-def test_dispatch_uses_reference_on_cpu() -> None:
+def test_dispatch_uses_the_variable_length_path_on_cpu() -> None:
+    from vllite.kernels.cpu_attention import paged_attention_cpu
+
     case = make_case(TINY, num_heads=2, num_kv_heads=1, head_dim=8, block_size=4)
-    expect = paged_attention_ref(*case.args(), **case.kwargs(), scale=0.3)
+    expect = paged_attention_cpu(*case.args(), **case.kwargs(), scale=0.3)
     assert torch.equal(paged_attention(*case.args(), **case.kwargs(), scale=0.3), expect)
+    reference = paged_attention_ref(*case.args(), **case.kwargs(), scale=0.3)
+    torch.testing.assert_close(expect, reference, atol=1e-5, rtol=1e-5)
     assert isinstance(is_triton_available(), bool)
 
 

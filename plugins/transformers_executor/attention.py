@@ -14,6 +14,11 @@ With a KV connector (``--kv-transfer-config``) the runner also publishes the con
 tensors: each layer then calls ``wait_for_layer_load(name)`` before it touches the cache and
 ``save_kv_layer(name, kv_layer, attn_metadata=...)`` after it wrote this step's keys and values; ``name`` is
 :func:`kv_layer_name`. Without a connector this costs one attribute test per layer.
+
+With vllite's own kernels, the first layer of a forward builds the step's attention plan
+(``vllite.kernels.plan_paged_attention``: on CPU, the length buckets, gather indices, masks and cache-write
+slots) and caches it on the forward context, one per distinct sliding window; every layer passes it to the
+kernels as ``plan=``. Kernels installed with :func:`set_kernels` are called without a plan.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -66,6 +71,7 @@ class _ForwardContext:
     num_calls: int = 0  # attention calls in this forward (the runner checks every layer came through us)
     kv_connector: Any = None  # the worker-role KV connector, if one is configured
     kv_layers: Sequence[torch.Tensor] = ()  # per layer [2, num_blocks, block_size, heads, dim] (with a connector)
+    plans: dict[int | None, Any] = field(default_factory=dict)  # kernel plans of this forward, per sliding window
 
 
 _local = threading.local()
@@ -99,24 +105,46 @@ def get_forward_context() -> _ForwardContext:
     return ctx
 
 
-# The kernels (vllite.kernels), resolved on first use so this module imports without them.
+# The kernels (vllite.kernels), resolved on first use so this module imports without them; the planner is
+# vllite.kernels.plan_paged_attention while those kernels are in use, None once set_kernels replaced them.
 _kernels: tuple[Callable[..., Any], Callable[..., Any]] | None = None
+_planner: Callable[..., Any] | None = None
 
 
 def set_kernels(reshape_and_cache: Callable[..., Any], paged_attention: Callable[..., Any]) -> None:
-    """Overrides the cache-write and attention kernels (tests, alternative backends)."""
-    global _kernels
+    """Overrides the cache-write and attention kernels (tests, alternative backends); they get no ``plan=``."""
+    global _kernels, _planner
     _kernels = (reshape_and_cache, paged_attention)
+    _planner = None
 
 
 def get_kernels() -> tuple[Callable[..., Any], Callable[..., Any]]:
     """``(reshape_and_cache, paged_attention)`` from ``vllite.kernels`` unless overridden."""
-    global _kernels
+    global _kernels, _planner
     if _kernels is None:
-        from vllite.kernels import paged_attention, reshape_and_cache
+        from vllite.kernels import paged_attention, plan_paged_attention, reshape_and_cache
 
         _kernels = (reshape_and_cache, paged_attention)
+        _planner = plan_paged_attention
     return _kernels
+
+
+def _step_plan(ctx: _ForwardContext, key_cache: torch.Tensor, num_heads: int, sliding_window: int | None) -> Any:
+    """The forward's kernel plan for ``sliding_window``, built by the first layer that needs it."""
+    if sliding_window in ctx.plans:
+        return ctx.plans[sliding_window]
+    md = ctx.metadata
+    assert _planner is not None
+    plan = ctx.plans[sliding_window] = _planner(
+        md.block_tables,
+        md.seq_lens,
+        md.query_start_loc,
+        key_cache=key_cache,
+        num_heads=num_heads,
+        sliding_window=sliding_window,
+        slot_mapping=md.slot_mapping,
+    )
+    return plan
 
 
 def paged_attention_forward(
@@ -153,14 +181,16 @@ def paged_attention_forward(
     if softcap is None:
         softcap = getattr(module, "attn_logit_softcapping", None)
 
+    window = int(sliding_window) if sliding_window else None
     reshape_and_cache, paged_attention = get_kernels()
+    plan_kw = {} if _planner is None else {"plan": _step_plan(ctx, key_cache, query.shape[1], window)}
     connector = ctx.kv_connector
     if connector is not None:
         connector.wait_for_layer_load(kv_layer_name(layer_idx))
     q = query[0].transpose(0, 1)  # [T, heads, dim]
     k = key[0].transpose(0, 1).to(key_cache.dtype)
     v = value[0].transpose(0, 1).to(value_cache.dtype)
-    reshape_and_cache(k, v, key_cache, value_cache, md.slot_mapping)
+    reshape_and_cache(k, v, key_cache, value_cache, md.slot_mapping, **plan_kw)
     if connector is not None:
         connector.save_kv_layer(kv_layer_name(layer_idx), ctx.kv_layers[layer_idx], attn_metadata=md)
     out = paged_attention(
@@ -173,8 +203,9 @@ def paged_attention_forward(
         max_query_len=md.max_query_len,
         max_seq_len=md.max_seq_len,
         scale=float(scaling),
-        sliding_window=int(sliding_window) if sliding_window else None,
+        sliding_window=window,
         softcap=float(softcap) if softcap else None,
+        **plan_kw,
     )
     return out.to(query.dtype).unsqueeze(0), None
 

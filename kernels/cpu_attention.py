@@ -1,0 +1,188 @@
+"""CPU paged attention whose cost follows each sequence's own context length.
+
+The batch is attended bucket by bucket (see :mod:`vllite.kernels.cpu_plan`): per layer, the cache blocks of all
+buckets are gathered with one ``index_select`` each for keys and values into reused per-thread buffers, the query
+rows with one more (skipped when they are already in order), and each bucket runs one
+``torch.nn.functional.scaled_dot_product_attention`` on strided views of those buffers (``[n, kv_heads, L, dim]``
+read in place, grouped-query heads via ``enable_gqa``), padded only to the bucket's own longest context. Fresh
+prefills use ``is_causal`` and no mask; the rest use the plan's additive mask (length, causality within the
+query, sliding window). A ``softcap`` (which SDPA cannot apply) takes an explicit float32 matmul-softmax-matmul
+per bucket instead. The outputs go back to the packed token order with one ``index_select`` into ``out``.
+
+:func:`~vllite.kernels.reference.paged_attention_ref` is the reference this path is tested against.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+import torch.nn.functional as F
+
+from vllite.kernels.cpu_plan import AttentionBucket, CpuAttentionPlan, plan_paged_attention_cpu
+
+__all__ = ["paged_attention_cpu", "reshape_and_cache_cpu"]
+
+# Per-thread gather buffers, reused across layers and steps (fresh multi-megabyte tensors cost page faults).
+_scratch = threading.local()
+
+
+def _buffer(slot: int, numel: int, like: torch.Tensor) -> torch.Tensor:
+    """A reused flat buffer of at least ``numel`` elements of ``like``'s dtype; valid until ``slot`` is reused."""
+    buffers: dict = _scratch.__dict__.setdefault("buffers", {})
+    key = (slot, like.dtype, like.device)
+    buf = buffers.get(key)
+    if buf is None or buf.numel() < numel:
+        # A normal tensor even when first needed under inference_mode, so it can be written outside it too.
+        with torch.inference_mode(False):
+            size = max(numel, 2 * buf.numel() if buf is not None else 0)
+            buf = buffers[key] = torch.empty(size, dtype=like.dtype, device=like.device)
+    return buf[:numel]
+
+
+def reshape_and_cache_cpu(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    plan: CpuAttentionPlan | None = None,
+) -> None:
+    """:func:`~vllite.kernels.reference.reshape_and_cache_ref` as one ``index_copy_`` per cache.
+
+    Uses ``plan``'s prepared slots when it has them (``-1`` entries dropped once per step). Caches whose
+    ``[num_blocks * block_size]`` rows are not one flat view fall back to the reference.
+    """
+    num_blocks, block_size = key_cache.shape[:2]
+    flat_k = key_cache.view(num_blocks * block_size, *key_cache.shape[2:]) if key_cache.is_contiguous() else None
+    flat_v = value_cache.view(num_blocks * block_size, *value_cache.shape[2:]) if value_cache.is_contiguous() else None
+    if flat_k is None or flat_v is None:
+        from vllite.kernels.reference import reshape_and_cache_ref
+
+        reshape_and_cache_ref(key, value, key_cache, value_cache, slot_mapping)
+        return
+    if plan is not None and plan.slots is not None:
+        slots, rows = plan.slots, plan.slot_rows
+    else:
+        slots, rows = slot_mapping.to(torch.int64), None
+        keep = slots >= 0
+        if not bool(keep.all()):
+            rows = keep.nonzero().squeeze(1)
+            slots = slots[rows]
+    if rows is not None:
+        key, value = key.index_select(0, rows), value.index_select(0, rows)
+    flat_k.index_copy_(0, slots, key.to(key_cache.dtype))
+    flat_v.index_copy_(0, slots, value.to(value_cache.dtype))
+
+
+def _softcapped(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    scale: float,
+    softcap: float,
+) -> torch.Tensor:
+    """Attention with ``softcap * tanh(scores / softcap)`` in float32: ``q [n, H, Mq, D]``, ``k/v [n, Hkv, L, D]``."""
+    n, num_heads, q_len, head_dim = q.shape
+    num_kv_heads, ctx = k.shape[1], k.shape[2]
+    group = num_heads // num_kv_heads
+    qg = q.float().reshape(n, num_kv_heads, group * q_len, head_dim)
+    scores = torch.matmul(qg, k.float().transpose(-1, -2)).mul_(scale)
+    scores.div_(softcap).tanh_().mul_(softcap)
+    scores = scores.view(n, num_kv_heads, group, q_len, ctx).add_(mask.float()[:, :, None])
+    probs = torch.softmax(scores, dim=-1).view(n, num_kv_heads, group * q_len, ctx)
+    return torch.matmul(probs, v.float()).view(n, num_heads, q_len, head_dim).to(q.dtype)
+
+
+def _attend_bucket(
+    bucket: AttentionBucket,
+    q_rows: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    *,
+    scale: float,
+    softcap: float | None,
+) -> torch.Tensor:
+    """One bucket's attention; returns ``[num_seqs * q_len, num_heads, head_dim]`` rows in bucket order."""
+    n, mq, nb = bucket.num_seqs, bucket.q_len, bucket.num_blocks
+    _, num_heads, head_dim = q_rows.shape
+    block_size, num_kv_heads = keys.shape[1], keys.shape[2]
+    ctx = nb * block_size
+    q = q_rows[bucket.q_start : bucket.q_start + n * mq].view(n, mq, num_heads, head_dim).transpose(1, 2)
+    span = slice(bucket.kv_start, bucket.kv_start + n * nb)
+    k = keys[span].view(n, ctx, num_kv_heads, head_dim).transpose(1, 2)
+    v = values[span].view(n, ctx, num_kv_heads, head_dim).transpose(1, 2)
+    if softcap is not None:
+        o = _softcapped(q, k, v, bucket.mask(torch.float32), scale=scale, softcap=softcap)
+    elif bucket.causal:
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=num_heads != num_kv_heads)
+    else:
+        mask = bucket.mask(q.dtype)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=num_heads != num_kv_heads)
+    return o.transpose(1, 2).reshape(n * mq, num_heads, head_dim)
+
+
+def paged_attention_cpu(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    *,
+    max_query_len: int,
+    max_seq_len: int,
+    scale: float,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    out: torch.Tensor | None = None,
+    plan: CpuAttentionPlan | None = None,
+) -> torch.Tensor:
+    """Same contract as :func:`~vllite.kernels.reference.paged_attention_ref`, cost proportional to each context.
+
+    ``plan`` (from :func:`~vllite.kernels.cpu_plan.plan_paged_attention_cpu` for the same metadata, block size
+    and ``sliding_window``) is built here when not given; a forward pass builds it once and passes it to every
+    layer. ``max_query_len`` and ``max_seq_len`` are not needed (the plan reads the lengths).
+    """
+    num_tokens, num_heads, head_dim = query.shape
+    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+    if plan is None or not plan.matches(block_size, sliding_window):
+        plan = plan_paged_attention_cpu(
+            block_tables,
+            seq_lens,
+            query_start_loc,
+            block_size=block_size,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            sliding_window=sliding_window,
+        )
+    num_valid = plan.num_valid_tokens
+    if num_valid == 0:
+        return query.new_zeros(query.shape) if out is None else out
+
+    total = plan.block_index.numel()
+    row = key_cache[0].numel()
+    keys = _buffer(0, total * row, key_cache).view(total, *key_cache.shape[1:])
+    values = _buffer(1, total * row, value_cache).view(total, *value_cache.shape[1:])
+    torch.index_select(key_cache, 0, plan.block_index, out=keys)
+    torch.index_select(value_cache, 0, plan.block_index, out=values)
+    q_rows = query if plan.query_index is None else query.index_select(0, plan.query_index)
+    outs = [_attend_bucket(b, q_rows, keys, values, scale=scale, softcap=softcap) for b in plan.buckets]
+    result = outs[0] if len(outs) == 1 else torch.cat(outs)
+    if out is None and num_tokens == num_valid:
+        if plan.out_index is None:
+            return result.to(query.dtype)
+        return result.to(query.dtype).index_select(0, plan.out_index)
+    if out is None:
+        out = query.new_zeros(query.shape)
+    if plan.out_index is None:
+        out[:num_valid].copy_(result[:num_valid])
+    else:
+        torch.index_select(result.to(out.dtype), 0, plan.out_index, out=out[:num_valid])
+    return out

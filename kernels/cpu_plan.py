@@ -1,0 +1,247 @@
+"""Per-step plan of the CPU paged attention: which sequences run together, and the index tensors they need.
+
+A step's batch is split into *buckets* of sequences that are attended by one
+``scaled_dot_product_attention`` call each, padded only to the bucket's own longest context and query, so a
+16-token decode is never padded to an 800-token neighbour. The plan depends only on the step's metadata (block
+tables, sequence and query lengths, the layer's sliding window), so it is built once per forward pass and shared
+by every layer (see :func:`plan_paged_attention_cpu`).
+
+Sequences are grouped into classes that can share a bucket: each short query length (decode = 1, speculative
+verification = 1 + k, short chunked-prefill continuations) is its own class, fresh prefills (no cached context,
+no window) form one class attended with ``is_causal`` and no mask, and the other long queries (chunked prefill
+over a cached context, windowed prefills) form one masked class. Within a class, sequences sorted by context are
+cut into buckets greedily by a cost model: a new bucket costs a fixed per-call overhead, padding costs the work
+of the padded keys; a cut is made where the padding it saves the remaining (shorter) sequences exceeds the
+overhead. With a sliding window only the blocks the window can reach are attended.
+
+Per bucket the plan holds the flat list of cache blocks to gather (one ``index_select`` per layer for all
+buckets), the query rows (padded rows repeat the sequence's last query row), and an additive float mask
+``[num_seqs, 1, q_len, num_blocks * block_size]`` (``0`` where a key is visible, ``-inf`` elsewhere) built
+lazily once per dtype; ``out_index`` maps each packed token back to its row of the bucket outputs. Index tensors
+that would be the identity are ``None``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+__all__ = ["AttentionBucket", "CpuAttentionPlan", "plan_paged_attention_cpu"]
+
+#: Query lengths up to this share buckets with others of the same length; longer ones are prefill-like.
+SHORT_QUERY_MAX = 16
+#: Estimated fixed cost of one bucket per layer (views, one SDPA call), in seconds.
+BUCKET_OVERHEAD_S = 30e-6
+#: Estimated cost of one element of padded work (one key position times one K/V or query element), in seconds.
+ELEMENT_S = 0.2e-9
+
+
+@dataclass
+class AttentionBucket:
+    """Sequences attended by one SDPA call: ``num_seqs`` x ``q_len`` query rows over ``num_blocks`` blocks each.
+
+    ``q_start`` and ``kv_start`` are the bucket's first rows in the gathered query rows and gathered blocks.
+    ``causal`` buckets (fresh prefills) need no mask; the others use :meth:`mask`.
+    """
+
+    num_seqs: int
+    q_len: int
+    num_blocks: int
+    q_start: int
+    kv_start: int
+    causal: bool
+    # Inputs of the mask, per sequence: first key position, first query position, sequence length.
+    key_start: np.ndarray = field(repr=False)
+    query_pos: np.ndarray = field(repr=False)
+    seq_lens: np.ndarray = field(repr=False)
+    block_size: int = 16
+    sliding_window: int | None = None
+    _masks: dict[torch.dtype, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    def mask(self, dtype: torch.dtype) -> torch.Tensor:
+        """Additive mask ``[num_seqs, 1, q_len, num_blocks * block_size]`` in ``dtype`` (built once per dtype)."""
+        cached = self._masks.get(dtype)
+        if cached is not None:
+            return cached
+        base = self._masks.get(torch.float32)
+        if base is None:
+            kpos = self.key_start[:, None] + np.arange(self.num_blocks * self.block_size)  # [n, L]
+            # Padded query rows (past a sequence's own query length) repeat its last position.
+            qpos = np.minimum(self.query_pos[:, None] + np.arange(self.q_len), self.seq_lens[:, None] - 1)  # [n, Mq]
+            allowed = (kpos[:, None, :] <= qpos[:, :, None]) & (kpos < self.seq_lens[:, None])[:, None, :]
+            if self.sliding_window is not None:
+                allowed &= kpos[:, None, :] > qpos[:, :, None] - self.sliding_window
+            bias = np.where(allowed, np.float32(0.0), np.float32(-np.inf))[:, None]
+            with torch.inference_mode(False):
+                base = self._masks[torch.float32] = torch.from_numpy(np.ascontiguousarray(bias))
+        if dtype != torch.float32:
+            with torch.inference_mode(False):
+                base = self._masks[dtype] = base.to(dtype)
+        return base
+
+
+@dataclass
+class CpuAttentionPlan:
+    """Everything :func:`~vllite.kernels.cpu_attention.paged_attention_cpu` needs besides the tensors.
+
+    ``block_index`` ``[total_blocks]`` int64: the cache blocks to gather, bucket after bucket.
+    ``query_index`` ``[total_rows]`` int64 or ``None`` (identity): the packed query rows, bucket after bucket.
+    ``out_index`` ``[num_valid_tokens]`` int64 or ``None`` (identity): each packed token's row of the bucket
+    outputs concatenated. ``slots``/``slot_rows``: the cache-write slots with the ``-1`` entries dropped, and the
+    rows they come from (``None`` when no row is dropped), or ``slots is None`` when no slot mapping was given.
+    """
+
+    block_size: int
+    sliding_window: int | None
+    num_valid_tokens: int
+    buckets: list[AttentionBucket]
+    block_index: torch.Tensor
+    query_index: torch.Tensor | None
+    out_index: torch.Tensor | None
+    slots: torch.Tensor | None = None
+    slot_rows: torch.Tensor | None = None
+
+    def matches(self, block_size: int, sliding_window: int | None) -> bool:
+        """Whether this plan was built for ``block_size`` and ``sliding_window``."""
+        return self.block_size == block_size and self.sliding_window == sliding_window
+
+
+def _cut(lengths: np.ndarray, q_lens: np.ndarray, per_key: float, per_query_key: float) -> list[int]:
+    """Bucket boundaries for sequences sorted by descending ``lengths`` (blocks); returns the cut positions.
+
+    A cut before sequence ``i`` is made when the padding it saves the sequences from ``i`` on, at least
+    ``(current_max - lengths[i])`` blocks each, costs more than a bucket's overhead.
+    """
+    cuts = [0]
+    count = len(lengths)
+    top = int(lengths[0])
+    top_q = int(q_lens[0])
+    for i in range(1, count):
+        length = int(lengths[i])
+        if length == top:
+            top_q = max(top_q, int(q_lens[i]))
+            continue
+        saved = (count - i) * (top - length) * (per_key + per_query_key * top_q)
+        if saved > BUCKET_OVERHEAD_S:
+            cuts.append(i)
+            top, top_q = length, int(q_lens[i])
+        else:
+            top_q = max(top_q, int(q_lens[i]))
+    return cuts
+
+
+def plan_paged_attention_cpu(
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    *,
+    block_size: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    sliding_window: int | None = None,
+    slot_mapping: torch.Tensor | None = None,
+) -> CpuAttentionPlan:
+    """Plan one step's attention (see the module docstring); arguments as for ``paged_attention_ref``.
+
+    ``num_heads``, ``num_kv_heads`` and ``head_dim`` only weigh padding against per-bucket overhead.
+    ``slot_mapping``, when given, is also prepared for :func:`~vllite.kernels.cpu_attention.reshape_and_cache_cpu`.
+    """
+    tables = block_tables.cpu().numpy()
+    lens = seq_lens.cpu().numpy().astype(np.int64)
+    qsl = query_start_loc.cpu().numpy().astype(np.int64)
+    q_lens = qsl[1:] - qsl[:-1]
+    num_valid = int(qsl[-1]) if len(qsl) else 0
+    first_pos = lens - q_lens  # position of each sequence's first query token
+    if sliding_window is not None:
+        first_block = np.maximum(first_pos - sliding_window + 1, 0) // block_size
+    else:
+        first_block = np.zeros_like(lens)
+    num_blocks = -(-lens // block_size) - first_block
+    fresh = (first_pos == 0) & (sliding_window is None)
+
+    # Class per sequence: its query length when short, else -1 (fresh prefill, causal) or -2 (masked).
+    classes = np.where(q_lens <= SHORT_QUERY_MAX, q_lens, np.where(fresh, -1, -2))
+    kv_elems = 2 * num_kv_heads * head_dim * block_size * ELEMENT_S
+    q_elems = 2 * num_heads * head_dim * block_size * ELEMENT_S
+
+    groups: list[tuple[np.ndarray, bool]] = []
+    for cls in np.unique(classes):
+        members = np.nonzero(classes == cls)[0]
+        members = members[np.lexsort((-q_lens[members], -num_blocks[members]))]
+        causal = bool(cls == -1)
+        cuts = _cut(num_blocks[members], q_lens[members], kv_elems, q_elems * (0.5 if causal else 1.0))
+        for a, b in zip(cuts, [*cuts[1:], len(members)]):
+            groups.append((np.sort(members[a:b]), causal))
+    groups.sort(key=lambda g: int(g[0][0]))
+
+    # Every sequence in bucket order, with its bucket's padded block count and query length.
+    order = np.concatenate([g[0] for g in groups]) if groups else np.zeros(0, dtype=np.int64)
+    sizes = np.array([len(g[0]) for g in groups], dtype=np.int64)
+    bucket_of = np.repeat(np.arange(len(groups)), sizes)
+    bucket_blocks = np.zeros(len(groups), dtype=np.int64)
+    bucket_q = np.zeros(len(groups), dtype=np.int64)
+    np.maximum.at(bucket_blocks, bucket_of, num_blocks[order])
+    np.maximum.at(bucket_q, bucket_of, q_lens[order])
+    seq_blocks, seq_q = bucket_blocks[bucket_of], bucket_q[bucket_of]
+
+    # Blocks to gather: each sequence's blocks from its first reachable one, padded with block 0.
+    rep = np.repeat(order, seq_blocks)
+    col = np.arange(len(rep)) - np.repeat(np.cumsum(seq_blocks) - seq_blocks, seq_blocks)
+    table_col = np.minimum(first_block[rep] + col, max(tables.shape[1] - 1, 0))
+    inside = col < num_blocks[rep]
+    block_index = np.where(inside, tables[rep, table_col] if len(rep) else 0, 0).astype(np.int64)
+
+    # Query rows: each sequence's rows padded to its bucket's query length by repeating its last row.
+    rep = np.repeat(order, seq_q)
+    row = np.arange(len(rep)) - np.repeat(np.cumsum(seq_q) - seq_q, seq_q)
+    valid = row < q_lens[rep]
+    query_index = qsl[rep] + np.minimum(row, q_lens[rep] - 1)
+    out_index = np.empty(num_valid, dtype=np.int64)
+    out_index[query_index[valid]] = np.nonzero(valid)[0]
+
+    q_starts = np.cumsum(sizes * bucket_q) - sizes * bucket_q
+    kv_starts = np.cumsum(sizes * bucket_blocks) - sizes * bucket_blocks
+    seq_starts = np.cumsum(sizes) - sizes
+    key_start, query_pos, seq_len = first_block[order] * block_size, first_pos[order], lens[order]
+    buckets = []
+    for i, (_, causal) in enumerate(groups):
+        span = slice(int(seq_starts[i]), int(seq_starts[i] + sizes[i]))
+        buckets.append(
+            AttentionBucket(
+                num_seqs=int(sizes[i]),
+                q_len=int(bucket_q[i]),
+                num_blocks=int(bucket_blocks[i]),
+                q_start=int(q_starts[i]),
+                kv_start=int(kv_starts[i]),
+                causal=causal,
+                key_start=key_start[span],
+                query_pos=query_pos[span],
+                seq_lens=seq_len[span],
+                block_size=block_size,
+                sliding_window=sliding_window,
+            )
+        )
+    num_rows = int((sizes * bucket_q).sum())
+
+    identity = num_rows == num_valid and bool((query_index == np.arange(num_valid)).all())
+    plan = CpuAttentionPlan(
+        block_size=block_size,
+        sliding_window=sliding_window,
+        num_valid_tokens=num_valid,
+        buckets=buckets,
+        block_index=torch.from_numpy(block_index),
+        query_index=None if identity else torch.from_numpy(query_index),
+        out_index=None if identity else torch.from_numpy(out_index),
+    )
+    if slot_mapping is not None:
+        slots = slot_mapping.to(torch.int64)
+        keep = slots >= 0
+        if bool(keep.all()):
+            plan.slots = slots
+        else:
+            rows = keep.nonzero().squeeze(1)
+            plan.slots, plan.slot_rows = slots[rows], rows
+    return plan
