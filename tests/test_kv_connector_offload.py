@@ -75,6 +75,39 @@ def test_tier_is_an_lru_bounded_by_bytes() -> None:
     worker.shutdown()
 
 
+def test_disk_layer_takes_what_memory_evicts(tmp_path: Path) -> None:
+    from vllite.kv_connector.offload_disk import DiskTier
+
+    caches = _fake_caches()
+    block_bytes = 2 * 2 * BLOCK * 2 * 8 * 4
+    disk = DiskTier(tmp_path / "spill", capacity_bytes=2 * block_bytes)
+    worker = OffloadWorker(capacity_bytes=block_bytes, disk=disk)
+    worker.register(caches)
+    _save(worker, caches, [1, 2, 3], ["a", "b", "c"])
+    assert list(worker.tier) == ["c"] and list(disk.files) == ["a", "b"]
+    assert worker.take_changes() == {"stored": ["a", "b", "c"], "evicted": []}  # spilled, not gone
+    worker.start_load([BlockTransfer("load", [5, 6], ["a", "c"])])  # "a" from disk, "c" from memory
+    worker.wait_idle()
+    assert worker.take_finished() == {"load"} and worker.take_load_errors() == set()
+    for layer in caches.values():
+        assert torch.equal(layer[:, 5], layer[:, 1]) and torch.equal(layer[:, 6], layer[:, 3])
+    assert disk.num_blocks_read == 1
+    _save(worker, caches, [4], ["d"])  # "c" spills; the disk layer drops its least recently used, "b"
+    assert list(worker.tier) == ["d"] and list(disk.files) == ["a", "c"]
+    assert worker.take_changes() == {"stored": ["d"], "evicted": ["b"]}
+    # A corrupt file is a miss: a load error for it and what follows, and the name leaves the tier.
+    disk.read("a", (2, 2, BLOCK, 2, 8), torch.float32).result()  # the writes have landed
+    path = disk.path / "a.safetensors"
+    path.write_bytes(path.read_bytes()[:-7] + b"garbage")
+    worker.start_load([BlockTransfer("bad", [6, 7], ["a", "c"])])
+    worker.wait_idle()
+    assert worker.take_finished() == {"bad"} and worker.take_load_errors() == {6, 7}
+    assert worker.take_changes() == {"stored": [], "evicted": ["a"]}
+    folder = disk.path
+    worker.shutdown()
+    assert not folder.exists()
+
+
 def test_config_and_flag(model_path: Path) -> None:
     assert connector_class(KVTransferConfig("offload")) is OffloadConnector
     config = make_config(model_path)
@@ -84,6 +117,12 @@ def test_config_and_flag(model_path: Path) -> None:
                 config,
                 KVConnectorRole.SCHEDULER,
                 KVTransferConfig("offload", kv_connector_extra_config={"offload_size_gib": bad}),
+            )
+    bad_disk = [({"offload_dir": 3}, "offload_dir"), ({"offload_dir": "/tmp", "offload_disk_size_gib": 0}, "disk_size")]
+    for extra, field in bad_disk:
+        with pytest.raises(ValueError, match=field):
+            OffloadConnector(
+                config, KVConnectorRole.SCHEDULER, KVTransferConfig("offload", kv_connector_extra_config=extra)
             )
     kv = EngineArgs(model=str(model_path), kv_offload_size=0.25)._kv_transfer_config()
     assert kv is not None and kv.kv_connector == "offload"
@@ -95,10 +134,13 @@ def test_config_and_flag(model_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------- whole engines
-def _llm(model_path: Path, size_gib: float = 0.01, **kw: Any) -> Any:
+def _llm(model_path: Path, size_gib: float = 0.01, offload_dir: Path | None = None, **kw: Any) -> Any:
     from vllite import LLM
 
-    kv = {"kv_connector": "offload", "kv_connector_extra_config": {"offload_size_gib": size_gib}}
+    extra: dict[str, Any] = {"offload_size_gib": size_gib}
+    if offload_dir is not None:
+        extra.update(offload_dir=str(offload_dir), offload_disk_size_gib=0.01)
+    kv = {"kv_connector": "offload", "kv_connector_extra_config": extra}
     settings: dict[str, Any] = {"max_model_len": 48, "num_gpu_blocks_override": 13, **kw}
     return LLM(
         str(model_path),
@@ -148,6 +190,23 @@ def test_evicted_prefix_is_loaded_from_the_tier_not_recomputed(
     assert again.outputs[0].token_ids == expected
     # 5 blocks came back from the tier: only the last 3 prompt tokens were computed.
     assert again.num_cached_tokens == 20
+
+
+@pytest.mark.parametrize("multiprocess", ["0", "1"], ids=["in-process", "engine-core-process"])
+def test_evicted_prefix_comes_back_from_the_disk_layer(
+    model_path: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, multiprocess: str
+) -> None:
+    """A memory layer too small for one block: every block goes to disk, and the evicted prefix is read back."""
+    monkeypatch.setenv("VLLITE_ENABLE_MULTIPROCESSING", multiprocess)
+    with _llm(model_path, size_gib=1e-9, offload_dir=tmp_path) as llm:
+        first, again = _run_evict_reload(llm)
+        if multiprocess == "0":
+            worker = _core(llm).model_executor.runner.kv_connector.worker
+            assert not worker.tier and worker.disk.num_blocks_read == 5 and worker.num_load_errors == 0
+        assert len(list(tmp_path.iterdir())) == 1  # the engine's private folder
+    assert not list(tmp_path.iterdir())  # removed at shutdown
+    assert again.num_cached_tokens == 20
+    assert again.outputs[0].token_ids == first.outputs[0].token_ids == hf_greedy(model_path, PROMPT, 6)
 
 
 def test_without_the_tier_the_prefix_is_recomputed(model_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

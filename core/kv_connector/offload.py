@@ -3,6 +3,10 @@
 ``--kv-offload-size GiB`` (without ``--kv-transfer-config``), or ``--kv-transfer-config '{"kv_connector":
 "offload", "kv_connector_extra_config": {"offload_size_gib": 4}}'`` (1 GiB when not given).
 
+With ``"offload_dir": PATH`` the tier gets a second layer on disk, bounded by ``offload_disk_size_gib`` (default
+4): blocks memory evicts are written there (checksummed files in a private folder, removed at shutdown) and loaded
+back from there, so the tier can be far larger than host memory (:mod:`vllite.kv_connector.offload_disk`).
+
 Every full prompt block the engine computes is copied to the tier (write-through: when the engine's prefix cache
 later evicts the block, the tier still has it), named by the SHA-256 hash chain of the prefix that ends with it
 (token ids, plus LoRA adapter and cache salt as the prefix cache hashes them). The tier is an LRU bounded by bytes
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vllite.kv_connector.base import KVConnectorBase, KVConnectorMetadata, KVConnectorOutput, KVConnectorRole
@@ -37,6 +42,8 @@ if TYPE_CHECKING:
 
 #: ``offload_size_gib`` when the extra config does not say.
 DEFAULT_OFFLOAD_SIZE_GIB = 1.0
+#: ``offload_disk_size_gib`` when ``offload_dir`` is given and the extra config does not say.
+DEFAULT_OFFLOAD_DISK_SIZE_GIB = 4.0
 
 
 def _transfer(req_id: str, block_ids: list[int], names: list[str]) -> BlockTransfer:
@@ -47,15 +54,31 @@ def _transfer(req_id: str, block_ids: list[int], names: list[str]) -> BlockTrans
     return BlockTransfer(req_id, [b for b, _ in pairs], [n for _, n in pairs])
 
 
-def offload_capacity_bytes(kv_transfer_config: KVTransferConfig) -> int:
-    """``offload_size_gib`` in bytes; ``ValueError`` naming the field unless it is a positive number."""
-    size = kv_transfer_config.get_from_extra_config("offload_size_gib", DEFAULT_OFFLOAD_SIZE_GIB)
+def offload_capacity_bytes(kv_transfer_config: KVTransferConfig, key: str = "offload_size_gib") -> int:
+    """``offload_size_gib`` (or ``key``) in bytes; ``ValueError`` naming the field unless it is a positive number."""
+    default = DEFAULT_OFFLOAD_SIZE_GIB if key == "offload_size_gib" else DEFAULT_OFFLOAD_DISK_SIZE_GIB
+    size = kv_transfer_config.get_from_extra_config(key, default)
     if isinstance(size, bool) or not isinstance(size, (int, float)) or not size > 0:
         raise ValueError(
-            "kv_transfer_config.kv_connector_extra_config.offload_size_gib must be a positive number of GiB "
+            f"kv_transfer_config.kv_connector_extra_config.{key} must be a positive number of GiB "
             f"for the offload connector, got {size!r}."
         )
     return int(size * 2**30)
+
+
+def offload_disk(kv_transfer_config: KVTransferConfig) -> tuple[Path, int] | None:
+    """``(offload_dir, disk bytes)`` when the disk layer is configured; ``ValueError`` naming a bad field."""
+    folder = kv_transfer_config.get_from_extra_config("offload_dir", None)
+    if folder is None:
+        return None
+    if not isinstance(folder, str) or not folder:
+        raise ValueError(
+            f"kv_transfer_config.kv_connector_extra_config.offload_dir must be a folder path, got {folder!r}."
+        )
+    path = Path(folder).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"kv_transfer_config.kv_connector_extra_config.offload_dir {folder!r} is not a folder.")
+    return path, offload_capacity_bytes(kv_transfer_config, "offload_disk_size_gib")
 
 
 @dataclass
@@ -83,6 +106,7 @@ class OffloadConnector(KVConnectorBase):
     def __init__(self, config: EngineConfig, role: KVConnectorRole, kv_transfer_config: KVTransferConfig) -> None:
         super().__init__(config, role, kv_transfer_config)
         self.capacity_bytes = offload_capacity_bytes(kv_transfer_config)
+        disk = offload_disk(kv_transfer_config)
         self.block_size = config.cache_config.block_size
         self._seed = hashlib.sha256(b"vllite.offload").digest()
         self._tracked: dict[str, _Tracked] = {}
@@ -92,9 +116,10 @@ class OffloadConnector(KVConnectorBase):
         self.num_loaded_tokens = 0
         self.worker: OffloadWorker | None = None
         if role == KVConnectorRole.WORKER:
+            from vllite.kv_connector.offload_disk import DiskTier
             from vllite.kv_connector.offload_worker import OffloadWorker
 
-            self.worker = OffloadWorker(self.capacity_bytes)
+            self.worker = OffloadWorker(self.capacity_bytes, DiskTier(*disk) if disk is not None else None)
 
     # ------------------------------------------------------------------ scheduler role
     def _track(self, request: Request) -> _Tracked:

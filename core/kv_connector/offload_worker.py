@@ -1,4 +1,5 @@
-"""The worker half of the ``offload`` connector: a bounded LRU of KV blocks in host memory.
+"""The worker half of the ``offload`` connector: a bounded LRU of KV blocks in host memory, and optionally a
+second, bigger one on disk (:class:`~vllite.kv_connector.offload_disk.DiskTier`) that takes what memory evicts.
 
 Saves: ``save_layer`` copies one layer's blocks to the CPU right after the layer wrote this step's KV;
 ``finish_saves`` puts one ``[num_layers, 2, block_size, heads, dim]`` tensor per block into the tier (evicting the
@@ -8,7 +9,9 @@ copies into the paged cache to a background thread; ``take_finished`` reports th
 The blocks being loaded belong to requests parked in ``WAITING_FOR_REMOTE_KVS``: no forward pass reads or writes
 them until the load is reported, so the thread needs no other synchronisation with the model.
 
-What the tier stored and evicted since the last report goes to the scheduler role as values
+A load finds each block in memory, else on disk (read on the disk tier's I/O thread, checked, then copied in by the
+copy thread); a block found in neither, or a disk file that fails its checks, ends the request's load there.
+What the tier stored and evicted (from both layers) since the last report goes to the scheduler role as values
 (``take_changes``), through ``KVConnectorOutput.kv_connector_stats``: the roles share no object.
 """
 
@@ -18,19 +21,25 @@ import logging
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import torch
 
 from vllite.kv_connector.transfers import BlockTransfer, PendingSave
 
+if TYPE_CHECKING:
+    from vllite.kv_connector.offload_disk import DiskTier
+
 logger = logging.getLogger(__name__)
 
 
 class OffloadWorker:
-    """The host-memory tier and the copies between it and the registered KV tensors."""
+    """The host-memory tier (and the disk layer below it, if any) and the copies between them and the registered
+    KV tensors."""
 
-    def __init__(self, capacity_bytes: int) -> None:
+    def __init__(self, capacity_bytes: int, disk: DiskTier | None = None) -> None:
         self.capacity_bytes = capacity_bytes
+        self.disk = disk
         self.layers: list[torch.Tensor] = []
         self.layer_index: dict[str, int] = {}
         self.tier: OrderedDict[str, torch.Tensor] = OrderedDict()  # name -> block, least recently used first
@@ -59,13 +68,17 @@ class OffloadWorker:
         """Takes this step's blocks out of the tier and starts copying them into the cache in the background.
         A block the tier no longer holds ends that request's load there; the rest of its blocks are load errors."""
         for transfer in loads:
-            blocks: list[torch.Tensor] = []
+            blocks: list[torch.Tensor | Future[torch.Tensor | None]] = []
             for name in transfer.names:
                 block = self.tier.get(name)
-                if block is None:
+                if block is not None:
+                    self.tier.move_to_end(name)
+                    blocks.append(block)
+                elif self.disk is not None and name in self.disk:
+                    self.disk.touch(name)
+                    blocks.append(self.disk.read(name, self._block_shape(), self.layers[0].dtype))
+                else:
                     break
-                self.tier.move_to_end(name)
-                blocks.append(block)
             failed = set(transfer.block_ids[len(blocks) :])
             if failed:
                 logger.warning(
@@ -74,9 +87,29 @@ class OffloadWorker:
             ids = transfer.block_ids[: len(blocks)]
             self._inflight.append(self._pool.submit(self._copy_in, transfer.req_id, ids, blocks, failed))
 
-    def _copy_in(self, req_id: str, block_ids: list[int], blocks: list[torch.Tensor], failed: set[int]) -> None:
-        """The copy thread: every layer of ``blocks`` into ``block_ids``, then the request is reported done."""
+    def _block_shape(self) -> tuple[int, ...]:
+        """One block of every layer: ``[num_layers, 2, block_size, heads, dim]``."""
+        layer = self.layers[0]
+        return (len(self.layers), 2, *layer.shape[2:])
+
+    def _copy_in(
+        self,
+        req_id: str,
+        block_ids: list[int],
+        pending: list[torch.Tensor | Future[torch.Tensor | None]],
+        failed: set[int],
+    ) -> None:
+        """The copy thread: every layer of the blocks (waiting for those read from disk; one that failed its
+        checks ends the load there) into ``block_ids``, then the request is reported done."""
+        blocks: list[torch.Tensor] = []
         try:
+            for item in pending:
+                block = item.result() if isinstance(item, Future) else item
+                if block is None:
+                    break
+                blocks.append(block)
+            failed = failed | set(block_ids[len(blocks) :])
+            block_ids = block_ids[: len(blocks)]
             if blocks:
                 device = self.layers[0].device
                 ids = torch.tensor(block_ids, dtype=torch.int64, device=device)
@@ -126,7 +159,7 @@ class OffloadWorker:
 
     def finish_saves(self) -> None:
         """Puts the captured blocks into the tier (every layer must have been captured) and evicts beyond the
-        bound; a block larger than the whole tier is not kept."""
+        bound; a block larger than the whole memory layer goes to disk, or is not kept without one."""
         pending, self._saves = self._saves, []
         for save in pending:
             if any(layer is None for layer in save.layers):
@@ -137,28 +170,44 @@ class OffloadWorker:
                 if name in self.tier:
                     self.tier.move_to_end(name)
                     continue
+                if self.disk is not None and name in self.disk:
+                    self.disk.touch(name)
+                    continue
                 block = stacked[:, :, j].clone()
                 size = block.numel() * block.element_size()
-                if size > self.capacity_bytes:
+                if size > self.capacity_bytes and self.disk is None:
                     continue
-                self.tier[name] = block
-                self.bytes_used += size
                 self._evicted.pop(name, None)
                 self._stored[name] = None
                 self.num_blocks_saved += 1
+                if size > self.capacity_bytes:  # too big for memory: straight to disk
+                    for gone in self.disk.put(name, block) if self.disk is not None else ():
+                        self._forget(gone)
+                    continue
+                self.tier[name] = block
+                self.bytes_used += size
                 self._evict()
 
     def _evict(self) -> None:
+        """Least recently used blocks beyond the bound leave memory: to the disk layer if there is one (which may
+        evict in turn), else out of the tier."""
         while self.bytes_used > self.capacity_bytes and self.tier:
             name, block = self.tier.popitem(last=False)
             self.bytes_used -= block.numel() * block.element_size()
-            self._stored.pop(name, None)
-            self._evicted[name] = None
-            self.num_blocks_evicted += 1
+            for gone in self.disk.put(name, block) if self.disk is not None else [name]:
+                self._forget(gone)
+
+    def _forget(self, name: str) -> None:
+        self._stored.pop(name, None)
+        self._evicted[name] = None
+        self.num_blocks_evicted += 1
 
     def take_changes(self) -> dict[str, list[str]] | None:
         """``{"stored": [...], "evicted": [...]}``: block names whose latest change since the previous call was
         being stored / evicted, or ``None``."""
+        if self.disk is not None:
+            for name in self.disk.take_bad():
+                self._forget(name)
         if not (self._stored or self._evicted):
             return None
         changes = {"stored": list(self._stored), "evicted": list(self._evicted)}
@@ -167,5 +216,7 @@ class OffloadWorker:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True)
+        if self.disk is not None:
+            self.disk.close()
         self.tier.clear()
         self.bytes_used = 0
