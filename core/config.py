@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 HASH_ALGOS = ("sha256", "fast")
+DP_ROUTINGS = ("load", "prefix")
 # Token budget per step when the user gives none (vLLM's default with chunked prefill).
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 
@@ -144,8 +145,17 @@ class ParallelConfig:
 
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    #: Data parallel (``--data-parallel-size``): this many engine cores, each a whole replica with its own
+    #: scheduler and KV cache, behind one client (``vllite.plugins.engine_proc.dp_client``).
     data_parallel_size: int = 1
+    #: The rank of this engine core among them (set per engine by the client; 0 for the client's own copy).
     data_parallel_rank: int = 0
+    #: Where the engine cores run: ``mp`` (local processes) or a registered backend such as ``ray``.
+    data_parallel_backend: str = "mp"
+    #: How requests are spread: ``load`` (least loaded) or ``prefix`` (same first prompt block, same engine).
+    dp_routing: str = "load"
+    #: Engines step in lockstep waves (stands in for MoE expert parallelism): idle ones run dummy steps.
+    dp_lockstep: bool = False
 
     @property
     def world_size(self) -> int:
@@ -334,6 +344,24 @@ class EngineArgs:
             cli_type=_json_dict,
         ),
     )
+    data_parallel_size: int = field(
+        default=1,
+        metadata=_help("Engine cores (replicas) behind one client; each runs in its own process.", aliases=("-dp",)),
+    )
+    data_parallel_backend: str = field(
+        default="mp", metadata=_help("Where data-parallel engines run: mp (local processes) or ray.")
+    )
+    dp_routing: str = field(
+        default="load",
+        metadata=_help(
+            "Data-parallel routing: load (least loaded engine) or prefix (requests sharing their first prompt "
+            "block go to one engine).",
+            choices=DP_ROUTINGS,
+        ),
+    )
+    dp_lockstep: bool = field(
+        default=False, metadata=_help("Data-parallel engines step in lockstep waves (as MoE expert parallelism).")
+    )
     plugin_config: dict[str, Any] = field(default_factory=dict, metadata={"cli": False})
 
     # ------------------------------------------------------------------ CLI
@@ -343,7 +371,7 @@ class EngineArgs:
         for f in dataclasses.fields(cls):
             if f.metadata.get("cli", True) is False:
                 continue
-            flag = "--" + f.name.replace("_", "-")
+            flags = ["--" + f.name.replace("_", "-"), *f.metadata.get("aliases", ())]
             kwargs: dict[str, Any] = {"dest": f.name, "default": f.default, "help": f.metadata.get("help")}
             if "choices" in f.metadata:
                 kwargs["choices"] = f.metadata["choices"]
@@ -354,7 +382,7 @@ class EngineArgs:
                 kwargs["action"] = argparse.BooleanOptionalAction
             else:
                 kwargs["type"] = _cli_type(f.type)
-            group.add_argument(flag, **kwargs)
+            group.add_argument(*flags, **kwargs)
         return parser
 
     @classmethod
@@ -410,6 +438,12 @@ class EngineArgs:
                 policy_args=dict(self.policy_args),
             ),
             device_config=DeviceConfig(device=self.device),
+            parallel_config=ParallelConfig(
+                data_parallel_size=self.data_parallel_size,
+                data_parallel_backend=self.data_parallel_backend,
+                dp_routing=self.dp_routing,
+                dp_lockstep=self.dp_lockstep,
+            ),
             observability_config=ObservabilityConfig(log_stats=not self.disable_log_stats),
             executor=self.executor,
             logits_processors=list(self.logits_processors or []),
@@ -449,7 +483,9 @@ class EngineArgs:
                 f"prefix_caching_hash_algo must be one of {', '.join(HASH_ALGOS)}, "
                 f"got {self.prefix_caching_hash_algo!r}."
             )
-        for name in ("block_size", "max_num_seqs", "batch_queue_depth"):
+        if self.dp_routing not in DP_ROUTINGS:
+            raise ValueError(f"dp_routing must be one of {', '.join(DP_ROUTINGS)}, got {self.dp_routing!r}.")
+        for name in ("block_size", "max_num_seqs", "batch_queue_depth", "data_parallel_size"):
             _positive(name, getattr(self, name))
         for name in ("max_num_batched_tokens", "max_model_len"):
             if getattr(self, name) is not None:
