@@ -74,6 +74,8 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     client_index: int = 0
     priority: int = 0
     trace_headers: dict[str, str] | None = None
+    # Data parallel: the engine this request must go to (None: the client's router chooses).
+    data_parallel_rank: int | None = None
 
     @property
     def params(self) -> SamplingParams:
