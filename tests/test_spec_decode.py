@@ -12,6 +12,7 @@ import torch
 
 from vllite.config import EngineArgs, SpeculativeConfig
 from vllite.engine.stats import SpecDecodingMetrics, SpecDecodingStatLogger
+from vllite.logits_processor import LogitsProcessor
 from vllite.plugins.transformers_executor.sampler import SamplingMetadata
 from vllite.plugins.transformers_executor.spec_decode.decoder import NgramSpecDecoder
 from vllite.plugins.transformers_executor.spec_decode.ngram import NgramProposer, find_ngram_draft
@@ -126,20 +127,38 @@ def test_logits_indices_keep_each_requests_last_positions():
 # ---------------------------------------------------------------------------------------------------- rejection
 
 
-def chi_square_agrees(observed: np.ndarray, expected: np.ndarray, alpha: float = 1e-3) -> bool:
-    """Pearson's goodness-of-fit test at level ``alpha`` (scipy when installed; else the statistic against the
-    Wilson-Hilferty approximation of the chi-square quantile)."""
-    observed = np.asarray(observed, dtype=np.float64)
-    expected = np.asarray(expected, dtype=np.float64)
-    expected = expected * observed.sum() / expected.sum()
+def chi2_passes(statistic: float, dof: int, alpha: float = 1e-3) -> bool:
+    """Whether a chi-square ``statistic`` with ``dof`` degrees of freedom is below the ``1 - alpha`` quantile
+    (scipy's when installed, else the Wilson-Hilferty approximation at alpha = 0.001)."""
     try:
         from scipy import stats
     except ImportError:
-        dof = len(observed) - 1
-        z = 3.090232  # the standard normal's 1 - 0.001 quantile
-        critical = dof * (1 - 2 / (9 * dof) + z * (2 / (9 * dof)) ** 0.5) ** 3
-        return float(((observed - expected) ** 2 / expected).sum()) < critical
-    return bool(stats.chisquare(observed, expected).pvalue > alpha)
+        z = 3.090232  # the standard normal's 0.999 quantile
+        return statistic < dof * (1 - 2 / (9 * dof) + z * (2 / (9 * dof)) ** 0.5) ** 3
+    return bool(stats.chi2.sf(statistic, dof) > alpha)
+
+
+def chi_square_agrees(observed: np.ndarray, expected: np.ndarray) -> bool:
+    """Pearson's goodness-of-fit test at level 0.001: counts ``observed`` against probabilities ``expected``."""
+    observed = np.asarray(observed, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    expected = expected * observed.sum() / expected.sum()
+    return chi2_passes(float(((observed - expected) ** 2 / expected).sum()), len(observed) - 1)
+
+
+def same_distribution(table: np.ndarray) -> bool:
+    """Pearson's homogeneity test at level 0.001 on a ``samples x categories`` table of counts."""
+    table = np.asarray(table, dtype=np.float64)
+    expected = table.sum(1, keepdims=True) * table.sum(0, keepdims=True) / table.sum()
+    statistic = float(((table - expected) ** 2 / expected).sum())
+    return chi2_passes(statistic, (table.shape[0] - 1) * (table.shape[1] - 1))
+
+
+def test_chi_square_helpers_reject_a_different_distribution():
+    assert same_distribution(np.array([[500, 300, 200], [510, 290, 200]]))
+    assert not same_distribution(np.array([[500, 300, 200], [400, 400, 200]]))
+    assert chi_square_agrees(np.array([400, 600]), np.array([0.4, 0.6]))
+    assert not chi_square_agrees(np.array([300, 700]), np.array([0.4, 0.6]))
 
 
 def _metadata(temperature: list[float], generators=None, default_seed: int = 0) -> SamplingMetadata:
@@ -259,3 +278,50 @@ def test_prometheus_metrics_use_vllms_names():
     assert f"vllite:spec_decode_num_accepted_tokens_total{{{labels}}} 3.0" in body
     assert f'vllite:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="0"}} 2.0' in body
     assert f'vllite:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="1"}} 1.0' in body
+
+
+class _SeesSpeculativeConfig(LogitsProcessor):
+    """A V1 processor that records the engine config it was built with (as a vLLM plugin would read it)."""
+
+    seen: list = []
+
+    def __init__(self, vllm_config, device, is_pin_memory) -> None:
+        type(self).seen.append(vllm_config.speculative_config)
+
+    def is_argmax_invariant(self) -> bool:
+        return True
+
+    def update_state(self, batch_update) -> None:
+        return None
+
+    def apply(self, logits):
+        return logits
+
+
+def test_plugins_see_the_speculative_config(monkeypatch):
+    monkeypatch.setenv("VLLITE_ENABLE_MULTIPROCESSING", "0")
+    from vllite import LLM
+    from vllite.testing import make_tiny_model_dir_cached
+
+    spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 3}
+    _SeesSpeculativeConfig.seen.clear()
+    with LLM(
+        str(make_tiny_model_dir_cached("llama")),
+        max_model_len=64,
+        speculative_config=spec,
+        logits_processors=[_SeesSpeculativeConfig],
+    ):
+        pass
+    (seen,) = _SeesSpeculativeConfig.seen
+    assert (seen.method, seen.num_speculative_tokens, seen.prompt_lookup_min, seen.prompt_lookup_max) == (
+        "ngram",
+        4,
+        2,
+        3,
+    )
+
+
+def test_vllm_compat_serves_speculative_config():
+    from vllite.vllm_compat.served import SERVED_MODULES
+
+    assert SERVED_MODULES["vllm.config"]["SpeculativeConfig"] == "vllite.config:SpeculativeConfig"

@@ -52,6 +52,7 @@ SERVED_MODULES: dict[str, dict[str, str]] = {
         "DeviceConfig": "vllite.config:DeviceConfig",
         "ParallelConfig": "vllite.config:ParallelConfig",
         "ObservabilityConfig": "vllite.config:ObservabilityConfig",
+        "SpeculativeConfig": "vllite.config:SpeculativeConfig",
     },
     "vllm.sampling_params": {
         "SamplingParams": "vllite.sampling_params:SamplingParams",

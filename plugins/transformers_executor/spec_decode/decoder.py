@@ -22,23 +22,25 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from vllite.plugins.transformers_executor.prompt_logprobs import compute_prompt_logprobs
 from vllite.plugins.transformers_executor.sampler import SamplingMetadata, apply_penalties, gather_logprobs
 from vllite.plugins.transformers_executor.spec_decode.ngram import NgramProposer
 from vllite.plugins.transformers_executor.spec_decode.rejection_sampler import NO_DRAFT, RejectionSampler
 from vllite.protocol import LogprobsLists
+from vllite.sched.output import ModelRunnerOutput
 
 if TYPE_CHECKING:
     from vllite.plugins.transformers_executor.input_batch import CachedRequestState, InputBatch
     from vllite.speculative_config import SpeculativeConfig
 
-#: Builds the step's sampling metadata for the rows marked True (their generators are included).
-MetadataBuilder = Callable[[np.ndarray], SamplingMetadata]
+#: Recomputes a metadata's penalty token tensors from the batch's current tokens (in place).
+PenaltyRefresher = Callable[[SamplingMetadata], None]
 
 
 @dataclass
@@ -80,12 +82,13 @@ class NgramSpecDecoder:
 
     # ------------------------------------------------------------------ inputs
     @staticmethod
-    def write_drafts(batch: InputBatch, scheduled: dict[str, list[int]], req_ids: Sequence[str]) -> np.ndarray:
+    def write_drafts(batch: InputBatch, scheduled: dict[str, list[int]], req_ids: Sequence[str]) -> np.ndarray | None:
         """Writes each scheduled request's drafts into its row after its known tokens (``num_tokens`` is not
-        moved: drafts are not known tokens) and returns the number of drafts per row (``[num_reqs]``)."""
-        num_drafts = np.zeros(len(req_ids), dtype=np.int64)
+        moved: drafts are not known tokens) and returns the number of drafts per row (``[num_reqs]``), or
+        ``None`` when the step has no drafts."""
         if not scheduled:
-            return num_drafts
+            return None
+        num_drafts = np.zeros(len(req_ids), dtype=np.int64)
         for row, req_id in enumerate(req_ids):
             drafts = scheduled.get(req_id)
             if drafts:
@@ -95,10 +98,10 @@ class NgramSpecDecoder:
         return num_drafts
 
     @staticmethod
-    def logits_indices(query_start_loc: np.ndarray, num_drafts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def logits_indices(query_start_loc: Any, num_drafts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The packed-token indices whose logits are kept (each request's last ``1 + D`` positions, in order),
-        and the index of each request's first kept row among them."""
-        ends = query_start_loc[1:].astype(np.int64)
+        and the index of each request's first kept row among them (``query_start_loc``: array or CPU tensor)."""
+        ends = np.asarray(query_start_loc)[1:].astype(np.int64)
         counts = num_drafts + 1
         first_rows = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
         offsets = np.arange(int(counts.sum())) - np.repeat(first_rows, counts)
@@ -106,6 +109,45 @@ class NgramSpecDecoder:
         return indices, first_rows
 
     # ------------------------------------------------------------------ verification
+    def finish_step(
+        self,
+        runner: Any,
+        logits: torch.Tensor,
+        first_rows: np.ndarray,
+        num_drafts: np.ndarray,
+        samples: np.ndarray,
+        req_ids: list[str],
+        prompt_plan: list[Any] | None,
+    ) -> ModelRunnerOutput:
+        """The model runner's step after the forward pass when drafts were scheduled: verify them (``sample``),
+        drop the rows a logits processor failed on, compute prompt logprobs from the rows after the kept ones,
+        and draft the next step. ``runner`` is the :class:`~vllite.plugins.transformers_executor.model_runner.
+        ModelRunner` (its batch, requests, sampling metadata, penalties and failed-row bookkeeping are used)."""
+        batch = runner.input_batch
+        num_kept = len(first_rows) + int(num_drafts.sum())
+        prompt_logprobs = compute_prompt_logprobs(prompt_plan or [], logits[num_kept:], runner.requests)
+        md = runner._sampling_metadata(samples)
+        num_reqs = batch.num_reqs
+        out = self.sample(
+            logits[:num_kept],
+            first_rows,
+            num_drafts,
+            batch,
+            samples,
+            md,
+            lambda position_md: runner._add_penalties(position_md, num_reqs),
+        )
+        failed = runner._take_failed_requests(req_ids, samples)
+        return ModelRunnerOutput(
+            req_ids=req_ids,
+            req_id_to_index=runner._req_id_to_index(),
+            sampled_token_ids=[tokens if samples[row] else [] for row, tokens in enumerate(out.sampled_token_ids)],
+            logprobs=out.logprobs(samples),
+            prompt_logprobs_dict=prompt_logprobs,
+            failed_requests=failed,
+            draft_token_ids=self.propose(batch, req_ids, samples),
+        )
+
     def sample(
         self,
         logits: torch.Tensor,
@@ -113,12 +155,13 @@ class NgramSpecDecoder:
         num_drafts: np.ndarray,
         batch: InputBatch,
         samples: np.ndarray,
-        build_metadata: MetadataBuilder,
-        logitsprocs: Any,
+        md: SamplingMetadata,
+        refresh_penalties: PenaltyRefresher,
     ) -> DraftSample:
         """Verifies every request's drafts (see the module docstring). ``logits`` holds the kept rows
-        (``logits_indices``); ``samples[r]`` says whether row ``r`` samples at all this step. Emitted tokens
-        are appended to the requests' live output lists and to the batch as they are decided."""
+        (``logits_indices``); ``samples[r]`` says whether row ``r`` samples at all this step; ``md`` is the
+        step's sampling metadata for the sampling rows. Emitted tokens are appended to the requests' live
+        output lists and to the batch as they are decided."""
         num_reqs = len(num_drafts)
         active = samples[:num_reqs].copy()
         outputs: list[list[int]] = [[] for _ in range(num_reqs)]
@@ -128,17 +171,23 @@ class NgramSpecDecoder:
             start = int(batch.num_tokens[row])
             draft_matrix[row, : num_drafts[row]] = batch.token_ids[row, start : start + num_drafts[row]]
         device = logits.device
-        wants_logprobs = False
+        wants_logprobs = md.max_num_logprobs is not None
         for position in range(draft_matrix.shape[1]):
             rows = np.flatnonzero(active)
             if rows.size == 0:
                 break
+            position_md = md
             if position > 0:
-                logitsprocs.update_state(None)  # the accepted drafts are now in the live output lists
-            md = build_metadata(active)
-            wants_logprobs = md.max_num_logprobs is not None
+                # The accepted drafts are now in the live output lists and the batch: processors and
+                # penalties look at the history up to this position.
+                if md.logitsprocs is not None:
+                    md.logitsprocs.update_state(None)
+                position_md = replace(md, generators={r: g for r, g in md.generators.items() if active[r]})
+                if not md.no_penalties:
+                    refresh_penalties(position_md)
             index = torch.from_numpy(first_rows + np.minimum(position, num_drafts)).to(device)
-            result, logprobs = self._verify_position(logits[index], md, torch.from_numpy(draft_matrix[:, position]))
+            drafts = torch.from_numpy(draft_matrix[:, position])
+            result, logprobs = self._verify_position(logits[index], position_md, drafts)
             tokens = result.token_ids.tolist()
             accepted = result.accepted.tolist()
             for row in rows.tolist():
