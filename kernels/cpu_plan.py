@@ -168,8 +168,9 @@ def plan_paged_attention_cpu(
     q_elems = 2 * num_heads * head_dim * block_size * ELEMENT_S
 
     groups: list[tuple[np.ndarray, bool]] = []
-    for cls in np.unique(classes):
-        members = np.nonzero(classes == cls)[0]
+    active = q_lens > 0  # a sequence with no query tokens this step has nothing to attend
+    for cls in np.unique(classes[active]):
+        members = np.nonzero((classes == cls) & active)[0]
         members = members[np.lexsort((-q_lens[members], -num_blocks[members]))]
         causal = bool(cls == -1)
         cuts = _cut(num_blocks[members], q_lens[members], kv_elems, q_elems * (0.5 if causal else 1.0))

@@ -54,7 +54,7 @@ def plan_for(case, *, sliding_window: int | None = None, slot_mapping: torch.Ten
 @pytest.mark.parametrize("seed", range(24))
 def test_random_batches_match_reference(seed: int) -> None:
     rng = random.Random(seed)
-    num_kv_heads, group = rng.choice([1, 2, 4]), rng.choice([1, 2, 3])
+    num_kv_heads, group = rng.choice([1, 2, 4]), rng.choice([1, 2, 3, 4, 8])
     head_dim, block_size = rng.choice([8, 16, 48]), rng.choice([4, 5, 16])
     window = rng.choice([None, None, 1, 7, 64])
     softcap = rng.choice([None, None, 2.0])
@@ -237,3 +237,15 @@ def test_attention_layer_builds_one_plan_per_forward_and_window() -> None:
             blocks = case.block_tables[s, pos // 4].long()
             assert torch.equal(layer_k[blocks, pos % 4], case.dense_k[s])
             assert torch.equal(layer_v[blocks, pos % 4], case.dense_v[s])
+
+
+def test_sequences_without_query_tokens_are_skipped() -> None:
+    case = make_case([(7, 1), (0, 3), (5, 2)], num_heads=2, num_kv_heads=1, head_dim=8, block_size=4)
+    # Sequence 1 gets no query tokens this step: drop its 3 rows and give it seq_len 3 (its cached context).
+    keep = torch.tensor([0, 4, 5])
+    qsl = torch.tensor([0, 1, 1, 3], dtype=torch.int32)
+    seq_lens = torch.tensor([8, 3, 7], dtype=torch.int32)
+    args = (case.query[keep], case.key_cache, case.value_cache, case.block_tables, seq_lens, qsl)
+    kw = dict(max_query_len=2, max_seq_len=8, scale=0.5)
+    expect = paged_attention_ref(*args, **kw)
+    torch.testing.assert_close(paged_attention_cpu(*args, **kw), expect)
