@@ -42,7 +42,7 @@ def _vllite_engine(model: str, args: dict):
     runner = VlliteRunner(model, argparse.Namespace(**args))
 
     def run(prompts: list[list[int]], output_len: int) -> float:
-        return runner(prompts, output_len, argparse.Namespace(**args))
+        return runner([(p, output_len) for p in prompts], argparse.Namespace(**args))
 
     return run
 

