@@ -12,7 +12,8 @@ shares its core with a busy process runs about half the time and holds every oth
 its CPU (the run-queue delay in ``/proc/thread-self/task/<tid>/schedstat``). A CPU whose thread waited more than
 ``drop_wait_fraction`` of its time is dropped: one thread fewer, the rest re-pinned. A dropped CPU comes back
 when ``/proc/stat`` shows it mostly idle for a whole interval, after a probation that doubles each time the same
-CPU has to be dropped again (so a neighbour that comes and goes does not make the engine flap).
+CPU has to be dropped again (so a neighbour that comes and goes does not make the engine flap). A last thread whose
+CPU is shared moves to the least busy CPU of the plan when that one is clearly freer.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 _OPENMP_LIBRARIES = ("libgomp", "libiomp", "libomp")
 _CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+SWAP_MARGIN = 0.15  # a lone thread moves only to a CPU this much less busy than the share it waits for
 _MIN_ACTIVITY = 0.05  # a thread that ran (or waited) less than this share of an interval says nothing
 
 
@@ -147,7 +149,7 @@ class CpuThreadGovernor:
         pinner: OmpThreadPinner | None = None,
         *,
         interval_s: float = 0.5,
-        drop_wait_fraction: float = 0.2,
+        drop_wait_fraction: float = 0.3,
         restore_busy_fraction: float = 0.5,
         probation_s: float = 1.0,
         max_probation_s: float = 30.0,
@@ -215,17 +217,27 @@ class CpuThreadGovernor:
             self.active_cpus = new_active
             self._repin()
 
+    def _put_on_probation(self, cpu: int, now: float) -> None:
+        self._drops[cpu] = self._drops.get(cpu, 0) + 1
+        hold = min(self.max_probation_s, self.probation_s * 2 ** (self._drops[cpu] - 1))
+        self._dropped_until[cpu] = now + hold
+
     def decide(self, waits: Sequence[float], busy: dict[int, float], now: float) -> list[int]:
         """The CPUs to use next, from each active thread's run-queue wait fraction and each CPU's busy fraction
         over the last interval. Pure: no thread is touched."""
         active = list(self.active_cpus)
         worst = max(range(len(waits)), key=lambda i: waits[i], default=None)
-        if worst is not None and len(active) > 1 and waits[worst] > self.drop_wait_fraction:
-            cpu = active.pop(worst)
-            self._drops[cpu] = self._drops.get(cpu, 0) + 1
-            hold = min(self.max_probation_s, self.probation_s * 2 ** (self._drops[cpu] - 1))
-            self._dropped_until[cpu] = now + hold
-            return active
+        if worst is not None and waits[worst] > self.drop_wait_fraction:
+            if len(active) > 1:
+                self._put_on_probation(active.pop(worst), now)
+                return active
+            # One thread left, and its CPU is shared: move it to the least busy CPU of the plan if it would get
+            # clearly more time there than the share it gets here.
+            idle = sorted((busy.get(cpu, 1.0), cpu) for cpu in self.plan.omp_cpus if cpu not in active)
+            if idle and idle[0][0] < waits[worst] - SWAP_MARGIN:
+                self._put_on_probation(active[0], now)
+                return [idle[0][1]]
+            return active  # no CPU is clearly freer: adding one beside a contended thread would not help
         for cpu in self.plan.omp_cpus:
             if cpu in active or now < self._dropped_until.get(cpu, 0.0):
                 continue

@@ -139,6 +139,9 @@ def test_governor_keeps_the_last_cpu_and_moves_the_first_thread_off_a_contended_
     governor.active_cpus = governor.decide([0.7, 0.0], {}, now=0.0)
     assert governor.active_cpus == [1]  # thread 0 now runs on CPU 1
     assert governor.decide([0.9], {0: 1.0}, now=10.0) == [1]  # never fewer than one
+    assert governor.decide([0.5], {0: 0.4}, now=10.0) == [1]  # not clearly freer: stay
+    governor.active_cpus = governor.decide([0.5], {0: 0.1}, now=10.0)
+    assert governor.active_cpus == [0]  # the neighbour moved to CPU 1: the last thread follows the free CPU
 
 
 def test_governor_ignores_waits_of_threads_that_hardly_ran(monkeypatch):
