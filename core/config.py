@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from vllite.speculative_config import SpeculativeConfig
+from vllite.structured_output.params import StructuredOutputsConfig
 
 if TYPE_CHECKING:
     from vllite.kv_connector.config import KVTransferConfig
@@ -182,6 +183,8 @@ class EngineConfig:
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
     # n-gram speculative decoding (--speculative-config); None without it, which is what vLLM plugins test for.
     speculative_config: SpeculativeConfig | None = None
+    # Structured outputs: the grammar backend and the whitespace defaults (vllite.structured_output).
+    structured_outputs_config: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
     executor: str = "default"
     logits_processors: list[Any] = field(default_factory=list)
     # Free-form settings for plugins, keyed by plugin name.
@@ -344,6 +347,14 @@ class EngineArgs:
             cli_type=_json_dict,
         ),
     )
+    structured_outputs_config: Any = field(
+        default=None,
+        metadata=_help(
+            'Structured outputs as JSON (vLLM\'s fields), e.g. \'{"backend": "auto", "disable_any_whitespace": true}\' '
+            "(backend: auto, xgrammar, guidance or another registered one).",
+            cli_type=_json_dict,
+        ),
+    )
     data_parallel_size: int = field(
         default=1,
         metadata=_help("Engine cores (replicas) behind one client; each runs in its own process.", aliases=("-dp",)),
@@ -389,7 +400,13 @@ class EngineArgs:
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
         names = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in vars(args).items() if k in names}
-        for name in ("policy_args", "logits_processors", "kv_transfer_config", "speculative_config"):
+        for name in (
+            "policy_args",
+            "logits_processors",
+            "kv_transfer_config",
+            "speculative_config",
+            "structured_outputs_config",
+        ):
             if kwargs.get(name) is None:
                 kwargs.pop(name, None)
         return cls(**kwargs)
@@ -450,6 +467,7 @@ class EngineArgs:
             plugin_config=dict(self.plugin_config),
             kv_transfer_config=self._kv_transfer_config(),
             speculative_config=SpeculativeConfig.resolve(self.speculative_config),
+            structured_outputs_config=StructuredOutputsConfig.resolve(self.structured_outputs_config),
         )
         if self.max_model_len is not None:
             config._token_budget(self.max_model_len)  # fails now, not in the engine, for an impossible token budget

@@ -87,6 +87,21 @@ def vllite_register_kv_connectors(register: Register) -> None:
 
 
 @hookspec
+def vllite_register_structured_output_backends(register: Register) -> None:
+    """Contribute grammar backends for structured outputs (``structured_outputs_config={"backend": NAME}``).
+
+    When: once, when the frontend first validates a constrained request or the engine core first compiles one.
+    Receives: ``register(name, cls)``; ``cls`` subclasses
+    ``vllite.structured_output.backend.StructuredOutputBackend``: a ``validate(spec)`` class method (submit-time
+    checks without a tokenizer, ``ValueError`` naming the problem), ``cls(tokenizer, vocab_size, eos_token_ids)``,
+    ``compile(spec)`` (on a compile thread; the result is cached per constraint) and ``new_grammar(compiled)`` (a
+    per-request matcher: ``accept_tokens``, ``validate_tokens``, ``rollback``, ``fill_bitmask``, ``is_terminated``).
+    Builtins: ``xgrammar`` and ``guidance``.
+    Returns: nothing. Not firstresult. Hot path: no (a matcher's methods run per step; the hook does not).
+    """
+
+
+@hookspec
 def vllite_register_tool_call_estimators(register: Register) -> None:
     """Contribute tool-call estimators for the Continuum scheduler (``--tool-call-estimator NAME``).
 

@@ -14,12 +14,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from vllite.protocol import EngineCoreEvent, EngineCoreRequest, FinishReason
     from vllite.sampling_params import SamplingParams
+    from vllite.structured_output.request import StructuredOutputRequest
 
 
 class RequestStatus(enum.IntEnum):
     """Where a request is in its life. Everything after ``PREEMPTED`` counts as finished."""
 
     WAITING = enum.auto()
+    WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR = enum.auto()
     WAITING_FOR_REMOTE_KVS = enum.auto()
     RUNNING = enum.auto()
     PREEMPTED = enum.auto()
@@ -35,7 +37,8 @@ class RequestStatus(enum.IntEnum):
 
     @staticmethod
     def is_blocked_waiting(status: RequestStatus) -> bool:
-        """Waiting on something outside the scheduler (a KV load): skipped by admission until it resolves."""
+        """Waiting on something outside the scheduler (its grammar compiling, a KV load): skipped by admission,
+        without holding up the requests behind it, until it resolves."""
         return status in _BLOCKED_WAITING
 
     @staticmethod
@@ -47,7 +50,9 @@ class RequestStatus(enum.IntEnum):
         return _finished_reasons().get(status)
 
 
-_BLOCKED_WAITING = frozenset({RequestStatus.WAITING_FOR_REMOTE_KVS})
+_BLOCKED_WAITING = frozenset(
+    {RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR, RequestStatus.WAITING_FOR_REMOTE_KVS}
+)
 
 
 @functools.cache
@@ -118,6 +123,8 @@ class Request:
         self.num_external_computed_tokens = 0
         # What the KV connector returned from ``request_finished``; sent on the request's last output.
         self.kv_transfer_params: dict[str, Any] | None = None
+        # The grammar of a request with structured outputs (set by the engine's StructuredOutputManager).
+        self.structured_output_request: StructuredOutputRequest | None = None
         # Free-form per-request state for scheduler policies (e.g. Continuum's job id); never sent anywhere.
         self.extra: dict[str, Any] = {}
 
@@ -151,6 +158,11 @@ class Request:
     @property
     def all_token_ids(self) -> list[int]:
         return self._all_token_ids
+
+    @property
+    def use_structured_output(self) -> bool:
+        """Whether the request has a structured-output constraint (``SamplingParams.structured_outputs``)."""
+        return self.sampling_params.structured_outputs is not None
 
     @property
     def num_tokens(self) -> int:

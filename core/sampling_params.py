@@ -14,6 +14,8 @@ from typing import Any
 
 import msgspec
 
+from vllite.structured_output.params import StructuredOutputsParams
+
 _SAMPLING_EPS = 1e-5
 _MAX_LOGIT_BIAS = 100.0
 #: The most samples one request may ask for (``n``): each is a full request in the engine.
@@ -69,6 +71,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
     extra_args: dict[str, Any] | None = None
+    # A JSON-schema / regex / choice / grammar constraint on the output (vllite.structured_output).
+    structured_outputs: StructuredOutputsParams | None = None
     # Filled by the engine (eos and generation-config stop ids); part of the wire format on purpose.
     all_stop_token_ids: list[int] = msgspec.field(default_factory=list)
 
@@ -162,6 +166,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
         bad = self._bad
         if self.extra_args is not None and not isinstance(self.extra_args, dict):
             raise bad("extra_args", "None or a dict")
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise bad("structured_outputs", "None or a StructuredOutputsParams")
         for name in (
             "ignore_eos",
             "detokenize",
@@ -204,6 +210,9 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
             logit_bias=dict(self.logit_bias) if self.logit_bias is not None else None,
             allowed_token_ids=list(self.allowed_token_ids) if self.allowed_token_ids is not None else None,
             extra_args=copy.deepcopy(self.extra_args) if self.extra_args else self.extra_args,
+            structured_outputs=(
+                msgspec.structs.replace(self.structured_outputs) if self.structured_outputs is not None else None
+            ),
         )
 
     def update_from_generation_config(

@@ -74,6 +74,11 @@ class EngineCore:
             self.model_executor.shutdown()
             raise
         self.info = msgspec.structs.replace(self.info, scheduler=type(self.scheduler).__name__)
+        from vllite.structured_output.manager import StructuredOutputManager
+
+        self.structured_output_manager = StructuredOutputManager(
+            self.config, self.info.vocab_size, list(self.info.eos_token_ids)
+        )
         self._pending_finishes: list[Request] = []
         self._pending_errors: list[tuple[Request, str]] = []  # rejected requests, with the reason
         self._drain_waiters: list[Future] = []
@@ -124,6 +129,8 @@ class EngineCore:
             raise ValueError(f"Request id {request.request_id!r} is already in the engine.")
         try:
             check_request(request, self.info)
+            if request.use_structured_output and request.structured_output_request is None:
+                self.structured_output_manager.grammar_init(request)  # compiles while the request waits
             self.scheduler.add_request(request)
         except Exception as exc:
             message = str(exc) if isinstance(exc, (ValueError, VlliteError)) else f"{type(exc).__name__}: {exc}"
@@ -173,7 +180,9 @@ class EngineCore:
         """Schedules one batch, runs it, and returns ``({client_index: outputs}, model_executed)``."""
         if not self.scheduler.has_requests():
             return self._end_step({}), False
+        self.structured_output_manager.update_waiting(self.scheduler)
         scheduler_output = self.scheduler.schedule()
+        self.structured_output_manager.start_grammar_bitmask(self.scheduler, scheduler_output)
         model_output = self._execute(scheduler_output)
         outputs = self.scheduler.update_from_output(scheduler_output, model_output)
         self._after_execute(model_output)
@@ -193,7 +202,10 @@ class EngineCore:
             self._executor_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllite-exec")
         model_executed = False
         if self.scheduler.has_requests() and len(self.batch_queue) < self.batch_queue_size:
+            self.structured_output_manager.update_waiting(self.scheduler)
             scheduler_output = self.scheduler.schedule()
+            # A request is never in two batches in flight, so its matcher is up to date here.
+            self.structured_output_manager.start_grammar_bitmask(self.scheduler, scheduler_output)
             # Even an empty step goes through the worker, in order: the executor must drop finished requests,
             # and only one thread may touch the executor's state.
             future = self._executor_pool.submit(self._execute, scheduler_output)
@@ -301,6 +313,9 @@ class EngineCore:
         return msgspec.structs.asdict(self.info)
 
     def shutdown(self) -> None:
+        manager = getattr(self, "structured_output_manager", None)
+        if manager is not None:
+            manager.shutdown()
         if self._executor_pool is not None:
             self._executor_pool.shutdown(wait=True, cancel_futures=True)
             self._executor_pool = None

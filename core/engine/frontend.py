@@ -90,7 +90,12 @@ class Frontend:
         self.engine_info = engine_info
         self.tokenizer = tokenizer
         self.logitsproc_classes = logitsproc_classes
-        self.input_processor = InputProcessor(config.model_config, engine_info, tokenizer)
+        self.input_processor = InputProcessor(
+            config.model_config,
+            engine_info,
+            tokenizer,
+            structured_outputs_config=getattr(config, "structured_outputs_config", None),
+        )
         self.output_processor = OutputProcessor(tokenizer, log_stats=log_stats)
         self.default_sampling_fields = default_sampling_fields(config.model_config)
 

@@ -17,6 +17,7 @@ from vllite.engine.tokenizer import AnyTokenizer, apply_chat_template
 from vllite.model_files import load_generation_config
 from vllite.protocol import EngineCoreRequest, EngineInfo
 from vllite.sampling_params import SamplingParams
+from vllite.structured_output.params import StructuredOutputsConfig
 
 # A prompt: text, {"prompt": text}, {"prompt_token_ids": [...]} (optionally with "prompt" and "cache_salt"),
 # or a plain list of token ids. The one prompt type of every frontend (LLM, LLMEngine, AsyncLLM).
@@ -48,6 +49,8 @@ class InputProcessor:
         engine_info: EngineInfo,
         tokenizer: AnyTokenizer | None,
         generation_config: Mapping[str, Any] | None = None,
+        *,
+        structured_outputs_config: StructuredOutputsConfig | None = None,
     ) -> None:
         self.model_config = model_config
         self.engine_info = engine_info
@@ -58,6 +61,11 @@ class InputProcessor:
         self.max_model_len = engine_info.max_model_len
         self.vocab_size = engine_info.vocab_size
         self.eos_token_id = self._primary_eos_token_id()
+        self.structured_outputs_config = structured_outputs_config or StructuredOutputsConfig()
+        if self.structured_outputs_config.backend != "auto":
+            from vllite.structured_output.registry import backend_class
+
+            backend_class(self.structured_outputs_config.backend)  # an unknown backend fails at start-up
 
     def _primary_eos_token_id(self) -> int | None:
         """The tokenizer's EOS id, else the first of generation_config's, else the first the model reports."""
@@ -206,11 +214,23 @@ class InputProcessor:
         if params.stop and self.tokenizer is None:
             raise ValueError("SamplingParams.stop strings need a tokenizer; this engine has none.")
         sampling_params = params.clone()
+        if params.structured_outputs is not None:
+            sampling_params.structured_outputs = self._validate_structured_outputs(params)
         max_len = self.max_model_len
         if sampling_params.max_tokens is None and max_len is not None:
             sampling_params.max_tokens = max(1, max_len - prompt_len)
         sampling_params.update_from_generation_config(self.generation_config_fields, self.eos_token_id)
         return sampling_params
+
+    def _validate_structured_outputs(self, params: SamplingParams) -> Any:
+        """The request's constraint with the engine's defaults and its backend resolved; ``ValueError`` naming the
+        problem (a malformed schema, regex or grammar, a feature the backend lacks, no tokenizer)."""
+        from vllite.structured_output.registry import validate_structured_outputs
+
+        assert params.structured_outputs is not None
+        if self.tokenizer is None:
+            raise ValueError("SamplingParams.structured_outputs needs a tokenizer; this engine has none.")
+        return validate_structured_outputs(params.structured_outputs, self.structured_outputs_config)
 
 
 def _check_token_list(ids: Any) -> list[int]:
