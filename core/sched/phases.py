@@ -14,9 +14,11 @@ forever.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vllite.exceptions import PluginHookError
+from vllite.kv_cache.manager import KVCacheManager
+from vllite.kv_cache.single_type import FullAttentionManager
 from vllite.protocol import EngineCoreEventType
 from vllite.request import Request, RequestStatus
 from vllite.sched.faults import never_fits, never_fits_message
@@ -28,23 +30,37 @@ if TYPE_CHECKING:
 
 
 def schedule_running(scheduler: Scheduler, step: StepState) -> None:
-    """Serves running requests in admission order, preempting when one cannot get blocks."""
+    """Serves running requests in admission order, preempting when one cannot get blocks.
+
+    Hot path: with the stock KV cache manager over full attention and no lookahead, a request whose blocks
+    already hold its new tokens skips ``allocate_slots`` (which would allocate nothing and change nothing), and
+    a request with no newly full block skips ``cache_blocks``.
+    """
     running = scheduler.running
+    kv = scheduler.kv_cache_manager
+    held_blocks = _held_blocks_if_plain(scheduler)
+    block_size, no_blocks = kv.block_size, kv.empty_kv_cache_blocks
+    long_prefill, max_model_len = scheduler.long_prefill_token_threshold, scheduler.max_model_len
     req_index = 0
     while req_index < len(running) and step.token_budget > 0:
         request = running[req_index]
-        num_new = request.num_tokens_with_spec - request.num_computed_tokens
-        if 0 < scheduler.long_prefill_token_threshold < num_new:
-            num_new = scheduler.long_prefill_token_threshold
+        computed = request.num_computed_tokens
+        num_new = request.num_tokens_with_spec - computed
+        if 0 < long_prefill < num_new:
+            num_new = long_prefill
         # Never schedule a position at or past max_model_len.
-        num_new = min(num_new, step.token_budget, scheduler.max_model_len - request.num_computed_tokens)
+        num_new = min(num_new, step.token_budget, max_model_len - computed)
         if num_new <= 0:
             req_index += 1
             continue
-        new_blocks, req_index = allocate_or_preempt(scheduler, request, num_new, req_index, step)
-        if new_blocks is None:
-            continue  # preempted itself; the next request now sits at req_index
-        step.schedule_running(request, num_new, new_blocks)
+        held = held_blocks.get(request.request_id) if held_blocks is not None else None
+        if held is not None and len(held) * block_size >= computed + num_new:
+            step.schedule_running(request, num_new, no_blocks)
+        else:
+            new_blocks, req_index = allocate_or_preempt(scheduler, request, num_new, req_index, step)
+            if new_blocks is None:
+                continue  # preempted itself; the next request now sits at req_index
+            step.schedule_running(request, num_new, new_blocks)
         req_index += 1
         if request.spec_token_ids:
             num_spec = num_new + request.num_computed_tokens - request.num_tokens
@@ -52,9 +68,28 @@ def schedule_running(scheduler: Scheduler, step: StepState) -> None:
                 step.spec_tokens[request.request_id] = request.spec_token_ids[:num_spec]
             request.spec_token_ids = []
     if scheduler.enable_caching:
+        num_cached = kv.manager.num_cached_block if held_blocks is not None else None
+        num_scheduled = step.num_scheduled_tokens
         for request in step.running:
-            end = request.num_computed_tokens + step.num_scheduled_tokens[request.request_id]
-            scheduler.kv_cache_manager.cache_blocks(request, end)
+            end = request.num_computed_tokens + num_scheduled[request.request_id]
+            if num_cached is not None and min(end, request.num_tokens) // block_size <= num_cached.get(
+                request.request_id, 0
+            ):
+                continue  # no block becomes full: cache_blocks would do nothing
+            kv.cache_blocks(request, end)
+
+
+def _held_blocks_if_plain(scheduler: Scheduler) -> dict[str, list[Any]] | None:
+    """The stock full-attention manager's ``request_id -> blocks`` map when ``allocate_slots`` may be skipped for
+    a request whose blocks suffice (no subclass that could change allocation, no sliding window, no lookahead)."""
+    kv = scheduler.kv_cache_manager
+    if type(kv) is not KVCacheManager or type(kv.manager) is not FullAttentionManager:
+        return None
+    if "allocate_slots" in vars(kv) or "cache_blocks" in vars(kv):  # patched on the instance (tests, tracing)
+        return None
+    if scheduler.num_lookahead_tokens:
+        return None
+    return kv.manager.req_to_blocks
 
 
 def allocate_or_preempt(

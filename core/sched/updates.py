@@ -35,16 +35,29 @@ def update_from_output(
     recomputing: frozenset[str] | set[str] = _NOTHING
     if scheduler.kv_transfer is not None:
         recomputing = scheduler.kv_transfer.update_from_output(scheduler, model_runner_output.kv_connector_output)
+    index_of, sampled = model_runner_output.req_id_to_index, model_runner_output.sampled_token_ids
+    no_drafts = not scheduler_output.scheduled_spec_decode_tokens
+    requests = scheduler.requests
     for request_id in scheduler_output.num_scheduled_tokens:
-        request = scheduler.requests.get(request_id)
+        request = requests.get(request_id)
         if request is None or request.is_finished() or request_id in recomputing:
             continue  # finished (aborted) while the model ran, or recomputing after a failed KV load
         was_running = request.status == RequestStatus.RUNNING
-        error = failed.get(request_id) or fail_after_step.pop(request_id, None)
+        error = (failed.get(request_id) if failed else None) or (
+            fail_after_step.pop(request_id, None) if fail_after_step else None
+        )
         if error is not None:
             new_token_ids: list[int] = []  # a plugin failed for it: its tokens are not trusted
             request.status = RequestStatus.FINISHED_ERROR
             request.error = error
+        elif no_drafts:  # the common case, inlined: at most one sampled token
+            index = index_of.get(request_id)
+            new_token_ids = sampled[index] if index is not None else []
+            if len(new_token_ids) == 1:
+                request.append_output_token_ids(new_token_ids[0])
+                check_stop(request, max_model_len)
+            elif new_token_ids:
+                new_token_ids = append_output_tokens(request, new_token_ids, max_model_len)
         else:
             new_token_ids = apply_sampled_tokens(request, scheduler_output, model_runner_output, max_model_len)
         stopped = request.is_finished()
