@@ -11,7 +11,10 @@ start of the first pure-decode forward (every scheduled request computes one tok
 - ``step``: that window divided by the number of decode forwards in it (the wall-clock time of a decode step
   as the caller sees it, output processing and the final detokenization included);
 - ``model``: the mean duration of those forwards (the transformers model call, logits included);
-- ``outside``: ``1 - model / step``, the share of a decode step spent around the model.
+- ``outside``: ``1 - model / step``, the share of a decode step spent around the model;
+- ``outside_cpu``: the CPU time the engine's thread spends per decode step outside the model (``thread_time``;
+  in-process this thread also runs the frontend's output processing). Unlike the wall-clock figures it hardly
+  moves when other processes compete for the cores, so it is the figure to compare on a shared machine.
 
 Each mode runs ``--repeats`` rounds (prefix cache reset before each) and reports medians.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import itertools
 import json
 import os
 import pstats
@@ -39,18 +43,19 @@ RECORDS_ENV = "VLLITE_STEP_PROFILE_FILE"
 
 
 class TimedExecutor(DefaultExecutor):
-    """The default executor, recording ``(start, end, max_query_len)`` of every model forward (monotonic clock,
-    shared by the processes of one machine) and writing them to ``$VLLITE_STEP_PROFILE_FILE`` at shutdown."""
+    """The default executor, recording ``(start, end, cpu_start, cpu_end, max_query_len)`` of every model forward
+    (monotonic clock, shared by the processes of one machine; the calling thread's CPU time) and writing them to
+    ``$VLLITE_STEP_PROFILE_FILE`` at shutdown."""
 
     def _init_executor(self) -> Any:
         info = super()._init_executor()
-        self.records: list[tuple[float, float, int]] = []
+        self.records: list[tuple[float, float, float, float, int]] = []
         forward = self.runner._forward
 
         def timed_forward(input_ids: Any, positions: Any, md: Any, logits_indices: Any) -> Any:
-            start = time.monotonic()
+            start, cpu_start = time.monotonic(), time.thread_time()
             logits = forward(input_ids, positions, md, logits_indices)
-            self.records.append((start, time.monotonic(), int(md.max_query_len)))
+            self.records.append((start, time.monotonic(), cpu_start, time.thread_time(), int(md.max_query_len)))
             return logits
 
         self.runner._forward = timed_forward  # type: ignore[method-assign]
@@ -75,14 +80,30 @@ def make_prompts(vocab_size: int, num_prompts: int, input_len: int, seed: int) -
     ]
 
 
-def round_figures(records: list[tuple[float, float, int]], start: float, end: float) -> dict[str, float]:
-    """One round's decode-step figures (see the module docstring) from the forwards within ``start .. end``."""
-    decode = [(s, e) for s, e, q in records if start <= s <= end and q == 1]
-    if not decode:
-        return {"step_ms": float("nan"), "model_ms": float("nan"), "outside": float("nan"), "decode_steps": 0}
-    step = (end - decode[0][0]) / len(decode)
-    model = statistics.fmean(e - s for s, e in decode)
-    return {"step_ms": step * 1e3, "model_ms": model * 1e3, "outside": 1 - model / step, "decode_steps": len(decode)}
+def round_figures(records: list[list[float]], window: tuple[float, float, float, float], mode: str) -> dict[str, float]:
+    """One round's decode-step figures (see the module docstring) from the forwards within the round's
+    ``window`` (wall start, wall end, and the main thread's CPU time at both)."""
+    start, end, _, cpu_end = window
+    inside = [r for r in records if start <= r[0] <= end]
+    decode = [r for r in inside if r[4] == 1]
+    if len(decode) < 2:
+        nan = float("nan")
+        return {"step_ms": nan, "model_ms": nan, "outside": nan, "outside_cpu_ms": nan, "decode_steps": len(decode)}
+    n = len(decode)
+    step = (end - decode[0][0]) / n
+    model = statistics.fmean(r[1] - r[0] for r in decode)
+    if mode == "inprocess":  # this thread ran everything: its CPU time since the first decode, less the forwards'
+        after = [r for r in inside if r[0] >= decode[0][0]]
+        outside_cpu = (cpu_end - decode[0][2] - sum(r[3] - r[2] for r in after)) / n
+    else:  # the engine process's thread between consecutive decode forwards
+        outside_cpu = statistics.fmean(b[2] - a[3] for a, b in itertools.pairwise(decode))
+    return {
+        "step_ms": step * 1e3,
+        "model_ms": model * 1e3,
+        "outside": 1 - model / step,
+        "outside_cpu_ms": outside_cpu * 1e3,
+        "decode_steps": n,
+    }
 
 
 def run_mode(mode: str, model: str, args: argparse.Namespace) -> list[dict[str, float]]:
@@ -108,13 +129,13 @@ def run_mode(mode: str, model: str, args: argparse.Namespace) -> list[dict[str, 
     for i in range(args.repeats):
         llm.reset_prefix_cache()
         profiler = cProfile.Profile() if args.cprofile and mode == "inprocess" and i == args.repeats - 1 else None
-        start = time.monotonic()
+        start, cpu_start = time.monotonic(), time.thread_time()
         if profiler is not None:
             profiler.enable()
         outputs = llm.generate(prompts, params, use_tqdm=False)
         if profiler is not None:
             profiler.disable()
-        windows.append((start, time.monotonic()))
+        windows.append((start, time.monotonic(), cpu_start, time.thread_time()))
         assert sum(len(o.outputs[0].token_ids) for o in outputs) == args.num_prompts * args.output_len
         if profiler is not None:
             print(f"--- cProfile of the last {mode} round (top {args.cprofile} by cumulative time) ---")
@@ -123,7 +144,7 @@ def run_mode(mode: str, model: str, args: argparse.Namespace) -> list[dict[str, 
     llm.shutdown()
     records = json.loads(Path(records_file).read_text())
     os.unlink(records_file)
-    rounds = [round_figures(records, start, end) for start, end in windows]
+    rounds = [round_figures(records, window, mode) for window in windows]
     if args.cprofile and mode == "inprocess":
         rounds = rounds[:-1] or rounds  # the profiled round is slower: keep it out of the medians when possible
     return rounds
@@ -152,10 +173,12 @@ def main() -> None:
     results: dict[str, Any] = {}
     for mode in modes:
         rounds = run_mode(mode, model, args)
-        summary = {key: statistics.median(r[key] for r in rounds) for key in ("step_ms", "model_ms", "outside")}
+        keys = ("step_ms", "model_ms", "outside", "outside_cpu_ms")
+        summary = {key: statistics.median(r[key] for r in rounds) for key in keys}
         results[mode] = {"median": summary, "rounds": rounds}
         print(
-            f"{mode:10s} decode step {summary['step_ms']:6.2f} ms, model {summary['model_ms']:6.2f} ms: "
+            f"{mode:10s} decode step {summary['step_ms']:6.2f} ms, model {summary['model_ms']:6.2f} ms, "
+            f"outside the model {summary['outside_cpu_ms']:5.2f} ms of CPU: "
             f"{100 * summary['outside']:5.1f}% of step outside the model "
             f"(median of {len(rounds)}: " + ", ".join(f"{100 * r['outside']:.1f}%" for r in rounds) + ")"
         )
