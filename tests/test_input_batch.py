@@ -136,3 +136,79 @@ def test_full_batch_and_overlong_request_are_errors() -> None:
     batch = InputBatch(2, 3, 4, 100)
     with pytest.raises(ValueError, match="max_model_len"):
         batch.add_request(_state("r0", n_prompt=3))
+
+
+# ---------------------------------------------------------------------------- in-place step inputs
+def _naive_inputs(batch: InputBatch, num_scheduled: list[int], block_size: int) -> tuple[list[int], ...]:
+    ids, positions, slots = [], [], []
+    for row, n in enumerate(num_scheduled):
+        start = int(batch.num_computed_tokens[row])
+        for pos in range(start, start + n):
+            ids.append(int(batch.token_ids[row, pos]))
+            positions.append(pos)
+            slots.append(int(batch.block_table[row, pos // block_size]) * block_size + pos % block_size)
+    return ids, positions, slots
+
+
+@pytest.mark.parametrize("decode", [True, False])
+def test_prepare_inputs_writes_the_naive_inputs_into_persistent_buffers(decode: bool) -> None:
+    import torch
+
+    from vllite.plugins.transformers_executor.step_buffers import StepBuffers, prepare_inputs
+
+    block_size = 4
+    batch = InputBatch(8, 32, 8, 1000)
+    rng = random.Random(3)
+    for i in range(5):
+        state = _state(f"r{i}", n_prompt=rng.randint(3, 12))
+        state.block_ids = rng.sample(range(50), 8)
+        state.num_computed_tokens = state.num_tokens - 1 if decode else rng.randint(0, state.num_tokens - 1)
+        batch.add_request(state)
+    num_scheduled = [
+        1 if decode else int(batch.num_tokens[r] - batch.num_computed_tokens[r]) for r in range(batch.num_reqs)
+    ]
+    buffers = StepBuffers(8, max_num_tokens=4)  # too small: grows
+    for _ in range(2):  # the second step reuses the same memory
+        input_ids, positions, md = prepare_inputs(
+            batch, np.array(num_scheduled), block_size, buffers, torch.device("cpu")
+        )
+        ids, pos, slots = _naive_inputs(batch, num_scheduled, block_size)
+        assert input_ids[0].tolist() == ids and positions[0].tolist() == pos
+        assert md.slot_mapping.tolist() == slots
+        assert md.seq_lens.tolist() == [int(batch.num_computed_tokens[r]) + n for r, n in enumerate(num_scheduled)]
+        assert md.query_start_loc.tolist() == [0, *np.cumsum(num_scheduled).tolist()]
+        assert md.max_query_len == max(num_scheduled)
+        assert input_ids.data_ptr() == buffers.input_ids.data_ptr()
+    stable = prepare_inputs(
+        batch, np.array(num_scheduled), block_size, buffers, torch.device("cpu"), stable_metadata=True
+    )
+    assert stable[2].slot_mapping.data_ptr() != buffers.slot_mapping.data_ptr()
+    batch.num_computed_tokens[0] = batch.num_tokens[0]  # scheduled past its known tokens
+    with pytest.raises(ValueError, match="past its known tokens"):
+        prepare_inputs(batch, np.array(num_scheduled), block_size, buffers, torch.device("cpu"))
+
+
+def test_version_and_reused_sampling_metadata() -> None:
+    import torch
+
+    from vllite.plugins.transformers_executor.sampling_inputs import SamplingInputs
+
+    batch = InputBatch(8, 32, 8, 100)
+    for i in range(3):
+        batch.add_request(_state(f"r{i}", temperature=0.5 + i))
+    batch.condense()
+    inputs = SamplingInputs(batch, 100, torch.device("cpu"), torch.Generator(), None)
+    all_rows = np.ones(3, dtype=bool)
+    md = inputs.get(all_rows)
+    ids = batch.req_ids
+    assert inputs.get(all_rows) is md and batch.req_ids is ids  # unchanged composition: reused
+    assert inputs.get(np.array([True, False, True])) is not md  # a row that samples nothing: fresh
+    md = inputs.get(all_rows)
+    version = batch.version
+    batch.remove_request("r1")
+    batch.condense()
+    assert batch.version > version and batch.req_ids == ["r0", "r2"]
+    fresh = inputs.get(np.ones(2, dtype=bool))
+    assert fresh is not md and fresh.temperature.tolist() == pytest.approx([0.5, 2.5])
+    batch.append_tokens(np.array([0, 1]), np.array([41, 42]))
+    assert batch.token_ids[0, 4] == 41 and batch.token_ids[1, 4] == 42 and batch.num_tokens[:2].tolist() == [5, 5]

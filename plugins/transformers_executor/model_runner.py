@@ -32,7 +32,8 @@ from vllite.plugins.transformers_executor.input_batch import CachedRequestState,
 from vllite.plugins.transformers_executor.kv_connector_step import execute_with_connector
 from vllite.plugins.transformers_executor.model_loader import ModelSpec
 from vllite.plugins.transformers_executor.prompt_logprobs import compute_prompt_logprobs, plan_prompt_logprobs
-from vllite.plugins.transformers_executor.sampler import Sampler, SamplingMetadata
+from vllite.plugins.transformers_executor.sampler import Sampler
+from vllite.plugins.transformers_executor.sampling_inputs import SamplingInputs
 from vllite.plugins.transformers_executor.step_buffers import StepBuffers, prepare_inputs
 from vllite.protocol import LogprobsLists
 from vllite.sampling_params import SamplingType
@@ -78,13 +79,14 @@ class ModelRunner:
         self._kv_buffer: torch.Tensor | None = None
         self.kv_connector: KVConnectorBase | None = None  # the worker role, when --kv-transfer-config is set
         self._accepts_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
-        # Per batch composition (InputBatch.version): the row index map, whether prompt logprobs are wanted, and
-        # the sampling metadata of a step whose rows all sample.
-        self._index_version = self._prompt_lp_version = self._md_version = -1
+        # Per batch composition (InputBatch.version): the row index map and whether prompt logprobs are wanted.
+        self._index_version = self._prompt_lp_version = -1
         self._index_map: dict[str, int] = {}
         self._prompt_lp = False
-        self._md_cache: SamplingMetadata | None = None
         self.buffers = StepBuffers(self.max_num_reqs)
+        self.sampling_inputs = SamplingInputs(
+            self.input_batch, self.vocab_size, device, self.default_generator, self.logitsprocs
+        )
 
     @staticmethod
     def _output_vocab_size(model: torch.nn.Module, spec: ModelSpec) -> int:
@@ -155,7 +157,7 @@ class ModelRunner:
             logits_indices = torch.cat([logits_indices, extra])
         logits = self._forward(input_ids, positions, metadata, logits_indices)
 
-        sampling_md = self._sampling_metadata(samples)
+        sampling_md = self.sampling_inputs.get(samples)
         out = self.sampler(logits[:num_reqs], sampling_md)
         sampled = out.sampled_token_ids.cpu().numpy()
         failed = self._take_failed_requests(req_ids, samples)
@@ -345,85 +347,6 @@ class ModelRunner:
         if not self._accepts_logits_to_keep:
             logits = logits[logits_indices]
         return logits
-
-    def _sampling_metadata(self, samples: np.ndarray) -> SamplingMetadata:
-        """The step's sampling metadata; reused from the last step while the batch composition is unchanged and
-        every row samples (only the penalties' token counts are rebuilt)."""
-        batch = self.input_batch
-        n = batch.num_reqs
-        all_sample = bool(samples.all())
-        md = self._md_cache
-        if md is not None and all_sample and self._md_version == batch.version:
-            self._add_penalties(md, n)
-            return md
-        md = self._build_sampling_metadata(samples)
-        self._md_cache, self._md_version = (md, batch.version) if all_sample else (None, -1)
-        return md
-
-    def _build_sampling_metadata(self, samples: np.ndarray) -> SamplingMetadata:
-        batch = self.input_batch
-        n = batch.num_reqs
-        dev = self.device
-        greedy = batch.temperature[:n] < 1e-5
-        all_greedy, all_random = bool(greedy.all()), bool((~greedy).all())
-        top_p = top_k = None
-        if not all_greedy and (batch.top_p[:n] < 1.0).any():
-            top_p = torch.from_numpy(batch.top_p[:n].copy()).to(dev)
-        k = batch.top_k[:n]
-        if not all_greedy and ((k > 0) & (k < self.vocab_size)).any():
-            top_k = torch.from_numpy(np.where(k > 0, k, self.vocab_size)).to(dev)
-        generators: dict[int, torch.Generator] = {}
-        max_logprobs: int | None = None
-        allowed_rows: list[int] = []
-        for row in range(n):
-            state = batch.state_at(row)
-            params = state.sampling_params
-            # A row whose token is discarded (partial prefill) must not advance its request's generator.
-            if state.generator is not None and samples[row]:
-                generators[row] = state.generator
-            if params.logprobs is not None:
-                wanted = self.vocab_size if params.logprobs == -1 else params.logprobs
-                max_logprobs = max(max_logprobs or 0, wanted)
-            if params.allowed_token_ids:
-                allowed_rows.append(row)
-        md = SamplingMetadata(
-            temperature=torch.from_numpy(batch.temperature[:n].copy()).to(dev),
-            all_greedy=all_greedy,
-            all_random=all_random,
-            top_p=top_p,
-            top_k=top_k,
-            generators=generators,
-            default_generator=self.default_generator,
-            max_num_logprobs=max_logprobs,
-            logitsprocs=self.logitsprocs,
-        )
-        if allowed_rows:
-            mask = torch.zeros(n, self.vocab_size, dtype=torch.bool)
-            for row in allowed_rows:
-                ids = [t for t in batch.state_at(row).sampling_params.allowed_token_ids or () if t < self.vocab_size]
-                mask[row] = True
-                mask[row, ids] = False
-            md.allowed_token_ids_mask = mask.to(dev)
-        self._add_penalties(md, n)
-        return md
-
-    def _add_penalties(self, md: SamplingMetadata, n: int) -> None:
-        batch = self.input_batch
-        freq, pres, rep = batch.frequency_penalties[:n], batch.presence_penalties[:n], batch.repetition_penalties[:n]
-        if not ((freq != 0).any() or (pres != 0).any() or (rep != 1).any()):
-            return
-        dev = self.device
-        width = int(batch.num_tokens[:n].max())
-        tokens = batch.token_ids[:n, :width]
-        pos = np.arange(width)[None, :]
-        n_prompt = batch.num_prompt_tokens[:n, None]
-        pad = self.vocab_size
-        md.prompt_token_ids = torch.from_numpy(np.where(pos < n_prompt, tokens, pad)).to(dev)
-        is_output = (pos >= n_prompt) & (pos < batch.num_tokens[:n, None])
-        md.output_token_ids = torch.from_numpy(np.where(is_output, tokens, pad)).to(dev)
-        md.frequency_penalties = torch.from_numpy(freq.copy()).to(dev)
-        md.presence_penalties = torch.from_numpy(pres.copy()).to(dev)
-        md.repetition_penalties = torch.from_numpy(rep.copy()).to(dev)
 
     # ------------------------------------------------------------------ memory profiling (CUDA)
     @torch.inference_mode()
