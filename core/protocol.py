@@ -76,6 +76,8 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     trace_headers: dict[str, str] | None = None
     # Data parallel: the engine this request must go to (None: the client's router chooses).
     data_parallel_rank: int | None = None
+    # Data parallel in lockstep: the wave the client believed current when it sent the request.
+    current_wave: int = 0
 
     @property
     def params(self) -> SamplingParams:

@@ -155,6 +155,19 @@ def make_client(
     clients = get_registry("engine_clients")
     if multiprocess is None:
         multiprocess = multiprocessing_enabled()
+    parallel = config.parallel_config
+    if parallel.data_parallel_size > 1:
+        # Data parallel: clients registered as "dp_<backend>" / "async_dp_<backend>" (mp: vllite.plugins.engine_proc).
+        if not multiprocess:
+            raise ValueError("data_parallel_size > 1 needs the multiprocess engine (VLLITE_ENABLE_MULTIPROCESSING=1).")
+        name = f"{'async_' if asyncio_mode else ''}dp_{parallel.data_parallel_backend}"
+        if name not in clients:
+            backends = sorted({key.rsplit("dp_", 1)[1] for key in clients if key.startswith(("dp_", "async_dp_"))})
+            raise ValueError(
+                f"data_parallel_backend {parallel.data_parallel_backend!r} is not available (registered: "
+                f"{', '.join(backends) or 'none'}); the ray backend needs `pip install ray`."
+            )
+        return clients[name](config, log_stats=log_stats)
     name = ("async_mp" if asyncio_mode else "mp") if multiprocess else "inprocess"
     if name not in clients:
         if asyncio_mode:

@@ -106,8 +106,10 @@ class AsyncLLM:
         *,
         arrival_time: float | None = None,
         priority: int = 0,
+        data_parallel_rank: int | None = None,
     ) -> Any:
-        """Validates and submits one prompt; returns its ``RequestOutputCollector``."""
+        """Validates and submits one prompt; returns its ``RequestOutputCollector``. ``data_parallel_rank``: the
+        data-parallel engine that must serve it (default: the client's router chooses)."""
         from vllite.engine.output_processor import RequestOutputCollector
 
         if self.errored:
@@ -120,6 +122,8 @@ class AsyncLLM:
         for request in self.frontend.prepare(
             request_id, prompt, params, arrival_time=arrival_time, priority=priority, queue=queue
         ):
+            if data_parallel_rank is not None:
+                request.data_parallel_rank = data_parallel_rank
             await self.engine_core.add_request_async(request)
         return queue
 
@@ -130,15 +134,19 @@ class AsyncLLM:
         request_id: str,
         *,
         priority: int = 0,
+        data_parallel_rank: int | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Streams the request's outputs (DELTA, CUMULATIVE or FINAL_ONLY, per ``sampling_params.output_kind``).
 
         Cancelling the consuming task, or closing the iterator early, aborts the request in the engine.
-        Raises ``EngineDeadError`` if the engine dies, ``EngineClientClosedError`` if ``shutdown()`` is called
-        meanwhile, ``RequestProcessingError`` if this request's output cannot be processed (the request is
+        ``data_parallel_rank`` names the data-parallel engine that must serve it. Raises ``EngineDeadError`` if
+        the engine (with data parallel: the one serving it) dies, ``EngineClientClosedError`` if ``shutdown()`` is
+        called meanwhile, ``RequestProcessingError`` if this request's output cannot be processed (the request is
         aborted; other streams are unaffected), ``ValueError`` for an invalid prompt or parameters.
         """
-        queue = await self.add_request(request_id, prompt, sampling_params, priority=priority)
+        queue = await self.add_request(
+            request_id, prompt, sampling_params, priority=priority, data_parallel_rank=data_parallel_rank
+        )
         finished = False
         try:
             while not finished:
@@ -253,6 +261,9 @@ async def _output_handler(engine_core: Any, output_processor: Any, stat_loggers:
     try:
         while True:
             outputs = await engine_core.get_output_async()
+            if not isinstance(outputs, EngineCoreOutputs):  # a data-parallel engine died: its requests fail
+                _fail_requests(output_processor, outputs.request_ids, outputs.error)
+                continue
             batch = outputs.outputs
             iteration_stats = IterationStats() if stat_loggers else None
             for start in range(0, len(batch), OUTPUT_CHUNK_SIZE):
@@ -273,6 +284,15 @@ async def _output_handler(engine_core: Any, output_processor: Any, stat_loggers:
         request_ids = output_processor.fail_all(exc)
         with contextlib.suppress(EngineDeadError, EngineClientClosedError):
             engine_core.abort_requests(request_ids)
+
+
+def _fail_requests(output_processor: Any, request_ids: list[str], error: Exception) -> None:
+    """Ends the given requests (internal ids) with ``error``: their streams raise it; the rest go on."""
+    for request_id in request_ids:
+        state = output_processor.request_states.get(request_id)
+        if state is not None and state.queue is not None:
+            state.queue.put(error)
+    output_processor.abort_requests(request_ids, internal=True)
 
 
 def _record_stats(

@@ -169,7 +169,20 @@ class BackgroundResources:
 class MPClient(EngineCoreClient):
     """Runs the engine core in a child process and talks to it over ZMQ (base of the sync and async clients)."""
 
-    def __init__(self, config: EngineConfig, *, log_stats: bool | None = None, executor_class: type | None = None):
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        log_stats: bool | None = None,
+        executor_class: type | None = None,
+        engine_index: int = 0,
+        env_overrides: dict[str, str] | None = None,
+        deferred: bool = False,
+    ):
+        """Starts the engine process and waits until it is ready; with ``deferred``, call ``start_engine()`` and
+        ``wait_until_ready()`` (how the data-parallel client starts several engines at once). ``engine_index``
+        is the engine's rank (its identity and ``EngineCoreOutputs.engine_index``); ``env_overrides`` are set in
+        the engine process before anything loads (a data-parallel engine's own CPUs)."""
         self.config = config
         self.settings = ProcSettings.from_config(config)
         self.resources = resources = BackgroundResources(
@@ -179,15 +192,24 @@ class MPClient(EngineCoreClient):
         self.encoder = MsgpackEncoder()
         self.utility_results: dict[int, Future] = {}
         self._call_ids = itertools.count(1)
-        self.core_engine = engine_identity(0)
-        try:
-            self._launch(config, log_stats, executor_class)
-        except BaseException:
-            self._finalizer()
-            raise
+        self.engine_index = engine_index
+        self.core_engine = engine_identity(engine_index)
+        self._launch_args = (log_stats, executor_class, dict(env_overrides or {}))
+        self._handshake: zmq.Socket | None = None
+        self._addresses: EngineZmqAddresses | None = None
+        if not deferred:
+            try:
+                self.start_engine()
+                self.wait_until_ready()
+            except BaseException:
+                self._finalizer()
+                raise
 
     # ------------------------------------------------------------------ launch
-    def _launch(self, config: EngineConfig, log_stats: bool | None, executor_class: type | None) -> None:
+    def start_engine(self) -> None:
+        """Binds the sockets and starts the engine process (returns at once; ``wait_until_ready()`` follows)."""
+        config = self.config
+        log_stats, executor_class, env_overrides = self._launch_args
         res = self.resources
         res.ctx = zmq.Context(io_threads=2)
         res.endpoints = endpoints = EndpointFactory(self.settings.tcp_host)
@@ -202,32 +224,43 @@ class MPClient(EngineCoreClient):
         res.output_socket = make_socket(
             res.ctx, zmq.PULL, linger=0, max_msg_size=self.settings.max_frame_bytes, curve_secret_key=secret
         )
+        self._handshake = handshake
+        handshake_address = endpoints.bind(handshake, "handshake")
+        self._addresses = EngineZmqAddresses(
+            inputs=[endpoints.bind(res.input_socket, "input")],
+            outputs=[endpoints.bind(res.output_socket, "output")],
+        )
+        mp = multiprocessing.get_context("spawn")
+        child_conn, res.parent_conn = mp.Pipe(duplex=False)
+        env = {k: v for k, v in os.environ.items() if k.startswith(_PASSED_ENV_PREFIXES)}
+        entry_args = (config, handshake_address, child_conn, list(sys.path), env, _log_level())
+        entry_kwargs = {
+            "engine_index": self.engine_index,
+            "executor_class": executor_class,
+            "log_stats": log_stats,
+            "curve_server_key": keys[0] if keys is not None else None,
+            "env_overrides": env_overrides,
+        }
+        res.proc = mp.Process(
+            target=_engine_entry, name="VLLiteEngineCore", args=entry_args, kwargs=entry_kwargs, daemon=True
+        )
+        # The engine process must not re-run the user's script (no __main__ guard needed), see spawning.py.
+        with main_module_hidden_from_spawn((config, executor_class)):
+            res.proc.start()
+        child_conn.close()
+
+    def wait_until_ready(self) -> None:
+        """Completes the handshake of a started engine and starts the output thread; raises
+        ``EngineStartupError`` (or ``TimeoutError``) if the engine fails to come up."""
+        handshake, addresses = self._handshake, self._addresses
+        assert handshake is not None and addresses is not None, "start_engine() first"
         try:
-            handshake_address = endpoints.bind(handshake, "handshake")
-            addresses = EngineZmqAddresses(
-                inputs=[endpoints.bind(res.input_socket, "input")],
-                outputs=[endpoints.bind(res.output_socket, "output")],
-            )
-            mp = multiprocessing.get_context("spawn")
-            child_conn, res.parent_conn = mp.Pipe(duplex=False)
-            env = {k: v for k, v in os.environ.items() if k.startswith(_PASSED_ENV_PREFIXES)}
-            entry_args = (config, handshake_address, child_conn, list(sys.path), env, _log_level())
-            entry_kwargs = {
-                "executor_class": executor_class,
-                "log_stats": log_stats,
-                "curve_server_key": keys[0] if keys is not None else None,
-            }
-            res.proc = mp.Process(
-                target=_engine_entry, name="VLLiteEngineCore", args=entry_args, kwargs=entry_kwargs, daemon=True
-            )
-            # The engine process must not re-run the user's script (no __main__ guard needed), see spawning.py.
-            with main_module_hidden_from_spawn((config, executor_class)):
-                res.proc.start()
-            child_conn.close()
             self.engine_info = self._wait_for_engine_startup(handshake, addresses)
-            confine_frontend(resolve_plan())  # off the engine's pinned CPUs (vllite.cpu_governor)
+            if self.config.parallel_config.data_parallel_size == 1:
+                confine_frontend(resolve_plan())  # off the engine's pinned CPUs (vllite.cpu_governor)
         finally:
             handshake.close(linger=0)
+            self._handshake = None
         self._start_output_thread()
 
     def _wait_for_engine_startup(self, handshake: zmq.Socket, addresses: EngineZmqAddresses) -> EngineInfo:

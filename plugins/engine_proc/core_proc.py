@@ -34,6 +34,7 @@ from vllite.engine.core_client import UTILITY_METHODS
 from vllite.exceptions import EngineStartupError, ExecutorFailedError, UtilityCallError
 from vllite.protocol import (
     EngineCoreOutputs,
+    EngineCoreRequest,
     EngineCoreRequestType,
     EngineShutdownState,
     FinishReason,
@@ -80,7 +81,7 @@ class EngineCoreProc:
         self._zmq_ctx = zmq.Context()
         with self._perform_handshake(handshake_address, identity) as addresses:
             self.engine = EngineCore(config, executor_class=executor_class, log_stats=log_stats)
-            self.io = EngineIOThreads(self.settings, len(addresses.outputs), self.engine.preprocess_add_request)
+            self.io = EngineIOThreads(self.settings, len(addresses.outputs), self._preprocess_add_request)
             register = getattr(self.engine.model_executor, "register_failure_callback", None)
             if register is not None:
                 register(lambda: self.io.input_queue.put_nowait((EngineCoreRequestType.EXECUTOR_FAILED, b"")))
@@ -89,6 +90,10 @@ class EngineCoreProc:
             # moved to the CPUs left to them (see vllite.cpu_governor).
             self.cpu_threads = govern_engine_core(self.engine, cpu_plan or resolve_plan())
             self.cpu_threads.place_others()
+
+    def _preprocess_add_request(self, request: EngineCoreRequest) -> Request:
+        """Input thread: the engine's preprocessing of an ADD (a subclass may carry more of the request along)."""
+        return self.engine.preprocess_add_request(request)
 
     # ------------------------------------------------------------------ handshake
     @contextmanager

@@ -140,10 +140,21 @@ def run_engine_core(
     executor_class: type | None = None,
     log_stats: bool | None = None,
     curve_server_key: bytes | None = None,
+    env_overrides: dict[str, str] | None = None,
 ) -> None:
-    """Child-process entry: builds ``EngineCoreProc`` (which performs the handshake) and runs its busy loop."""
+    """Child-process entry: builds ``EngineCoreProc`` (which performs the handshake) and runs its busy loop.
+
+    ``env_overrides`` replace inherited variables (a data-parallel engine's own CPU list); with
+    ``data_parallel_size > 1`` the engine is a ``DPEngineCoreProc``."""
+    os.environ.update(env_overrides or {})
     _setup_child(sys_path or [], env or {}, log_level)
     from .core_proc import EngineCoreProc
+
+    proc_class: type[EngineCoreProc] = EngineCoreProc
+    if config.parallel_config.data_parallel_size > 1:
+        from .dp_core_proc import DPEngineCoreProc
+
+        proc_class = DPEngineCoreProc
 
     watcher = _Watcher(parent_conn)
     watcher.install()
@@ -151,7 +162,7 @@ def run_engine_core(
     exit_code = 0
     try:
         cpu_plan = _prepare_cpu_threads()
-        engine_core = EngineCoreProc(
+        engine_core = proc_class(
             config,
             handshake_address,
             cpu_plan=cpu_plan,

@@ -47,7 +47,12 @@ class _EngineDeadNotice:
         self.payload = msgspec.msgpack.encode(cause)
 
 
-_CLIENT_REQUEST_TYPES = (EngineCoreRequestType.ADD, EngineCoreRequestType.ABORT, EngineCoreRequestType.UTILITY)
+_CLIENT_REQUEST_TYPES = (
+    EngineCoreRequestType.ADD,
+    EngineCoreRequestType.ABORT,
+    EngineCoreRequestType.UTILITY,
+    EngineCoreRequestType.START_DP_WAVE,
+)
 
 
 class DropLog:
@@ -151,6 +156,8 @@ class EngineIOThreads:
             EngineCoreRequestType.ADD: MsgpackDecoder(EngineCoreRequest),
             EngineCoreRequestType.ABORT: MsgpackDecoder(list[str]),
             EngineCoreRequestType.UTILITY: MsgpackDecoder(UtilityCall),
+            # Data parallel in lockstep: (wave, index of the engine that need not be told).
+            EngineCoreRequestType.START_DP_WAVE: MsgpackDecoder(tuple[int, int]),
         }
         poller = zmq.Poller()
         monitors: dict[zmq.Socket, tuple[zmq.Socket, str]] = {}
@@ -222,7 +229,7 @@ class EngineIOThreads:
             return
         if request_type == EngineCoreRequestType.ADD:
             self._queue_add(payload)
-        elif request_type == EngineCoreRequestType.ABORT:
+        elif request_type in (EngineCoreRequestType.ABORT, EngineCoreRequestType.START_DP_WAVE):
             self.input_queue.put_nowait((request_type, payload))
         else:
             if not 0 <= payload[0] < self.num_clients:

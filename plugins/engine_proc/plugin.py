@@ -1,4 +1,5 @@
-"""Registers the multiprocess engine clients: ``mp`` (``SyncMPClient``) and ``async_mp`` (``AsyncMPClient``).
+"""Registers the multiprocess engine clients: ``mp`` (``SyncMPClient``) and ``async_mp`` (``AsyncMPClient``), and
+the data-parallel ones on local processes, ``dp_mp`` / ``async_dp_mp`` (``SyncDPClient`` / ``AsyncDPClient``).
 
 The classes are imported lazily, so loading this plugin imports neither zmq nor torch.
 """
@@ -36,3 +37,5 @@ class _LazyClient:
 def vllite_register_engine_clients(register: Any) -> None:
     register("mp", _LazyClient("vllite.plugins.engine_proc.client", "SyncMPClient"))
     register("async_mp", _LazyClient("vllite.plugins.engine_proc.async_client", "AsyncMPClient"))
+    register("dp_mp", _LazyClient("vllite.plugins.engine_proc.dp_client", "SyncDPClient"))
+    register("async_dp_mp", _LazyClient("vllite.plugins.engine_proc.dp_client", "AsyncDPClient"))

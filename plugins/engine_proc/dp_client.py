@@ -1,0 +1,373 @@
+"""Data-parallel engine clients: N engine cores behind one client (``--data-parallel-size N``).
+
+``DPClient`` composes per-engine clients (``dp_engines.DPEngineClient``: each an ``MPClient`` with its own process,
+sockets, handshake, output thread and death watch) with a ``DPRouter``:
+
+* ``add_request`` sends each request to the engine the router picks (least loaded, the named rank, or the engine
+  of its job / prompt prefix); ``abort_requests`` sends each id to the engine that owns it;
+* every engine's output thread feeds one merged stream (``get_output()`` / ``get_output_async()``), and the router
+  reads the load each engine publishes with its outputs;
+* utility calls (``reset_prefix_cache``, pause/resume, sleep/wake, counts, KV usage) go to every live engine at
+  once and their answers are combined (``combine_results``); shutdown stops every engine and removes every socket;
+* an engine that dies is marked dead: its requests in flight end with ``EngineDeadError`` (a ``RequestsFailed``
+  notice in the stream: ``get_output()`` turns it into finished ``error`` outputs naming the cause, ``AsyncLLM``
+  raises it in each of those streams), new work goes to the others, and once none is left every call raises
+  ``EngineDeadError``.
+
+How engines are started is the backend's part (``_start_engines``): local processes here, Ray actors in
+``vllite.plugins.ray_dp``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import queue
+import threading
+import weakref
+from abc import abstractmethod
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllite.config import EngineConfig
+from vllite.engine.core_client import EngineCoreClient
+from vllite.exceptions import EngineClientClosedError, EngineClientUsageError, EngineDeadError
+from vllite.protocol import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    EngineCoreRequestType,
+    FinishReason,
+)
+
+from .async_client import _LoopWaker
+from .client import MPClient
+from .dp_engines import Sink, start_local_engines, stop_engines
+from .dp_group import GROUP_ADDRESS_KEY, free_group_address
+from .dp_router import DPRouter
+from .dp_waves import WaveCoordinator
+from .utils import PLUGIN_KEY
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RequestsFailed:
+    """In the merged stream: engine ``engine_index`` died and these requests, which it owned, failed with
+    ``error``."""
+
+    engine_index: int
+    request_ids: list[str]
+    error: EngineDeadError
+
+    def as_outputs(self) -> EngineCoreOutputs:
+        """The failure as finished ``error`` outputs (how the synchronous frontend reports a failed request)."""
+        message = f"EngineDeadError: {self.error}"
+        outputs = [
+            EngineCoreOutput(rid, [], finish_reason=FinishReason.ERROR, error=message) for rid in self.request_ids
+        ]
+        return EngineCoreOutputs(engine_index=self.engine_index, outputs=outputs)
+
+
+StreamItem = EngineCoreOutputs | RequestsFailed | BaseException
+
+
+@dataclass
+class DPResources:
+    """The client-wide state the frontends read (``closed``, ``engine_dead``: every engine is dead)."""
+
+    num_engines: int
+    closed: bool = False
+    engine_dead: bool = False
+    dead_message: str | None = None
+    dead_engines: set[int] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def dead_error(self) -> EngineDeadError:
+        """The error every call raises once no engine is left."""
+        return EngineDeadError(self.dead_message or "Every data-parallel engine core is dead.", suppress_context=True)
+
+
+def make_merged_sink(
+    engine: int,
+    router: DPRouter,
+    state: DPResources,
+    deliver: Callable[[StreamItem], None],
+    waves: WaveCoordinator | None = None,
+    broadcast: Callable[[], Callable[[int, int], None] | None] | None = None,
+) -> Sink:
+    """The output sink of engine ``engine``: feeds the router, the wave state (lockstep: ``broadcast()`` gives the
+    client's ``START_DP_WAVE`` sender, or None once it is gone) and the merged stream; on the engine's death,
+    fails the requests it owned (and, with no engine left, ends the stream). Refers to no client object."""
+
+    def sink(item: EngineCoreOutputs | BaseException) -> None:
+        if isinstance(item, EngineCoreOutputs):
+            router.on_outputs(engine, item)
+            if waves is not None and (item.wave_complete is not None or item.start_wave is not None):
+                started = waves.on_outputs(item)
+                send = broadcast() if broadcast is not None else None
+                if started is not None and send is not None:
+                    send(started, engine)
+            deliver(item)
+            return
+        if isinstance(item, EngineClientClosedError):
+            return  # this engine is being shut down with the client, which delivers its own notice
+        with state.lock:
+            if engine in state.dead_engines:
+                return
+            state.dead_engines.add(engine)
+            all_dead = len(state.dead_engines) == state.num_engines
+            if all_dead:
+                state.engine_dead = True
+                state.dead_message = f"Every data-parallel engine core is dead; the last, engine {engine}: {item}"
+        failed = router.mark_dead(engine)
+        error = EngineDeadError(f"Data-parallel engine core {engine} died: {item}", suppress_context=True)
+        logger.error("%s; %d of its requests failed", error, len(failed))
+        if failed:
+            deliver(RequestsFailed(engine, failed, error))
+        if all_dead:
+            deliver(state.dead_error())
+
+    return sink
+
+
+def with_group_address(config: EngineConfig, address: str) -> EngineConfig:
+    """The config with the lockstep engines' all-reduce address (``dp_group``) in the engine-process settings."""
+    plugin_config = dict(config.plugin_config)
+    plugin_config[PLUGIN_KEY] = {**(plugin_config.get(PLUGIN_KEY) or {}), GROUP_ADDRESS_KEY: address}
+    return dataclasses.replace(config, plugin_config=plugin_config)
+
+
+def combine_results(method: str, results: Sequence[Any]) -> Any:
+    """One answer from every engine's answer to a utility call."""
+    if method in ("reset_prefix_cache", "is_scheduler_paused", "is_sleeping"):
+        return all(results)
+    if method == "get_request_counts":
+        return [sum(column) for column in zip(*results)]
+    if method == "get_num_unfinished_requests":
+        return sum(results)
+    if method == "get_kv_cache_usage":
+        return sum(results) / len(results)
+    if method == "get_engine_info":
+        return results[0]
+    if method in ("pause_scheduler", "resume_scheduler", "sleep", "wake_up"):
+        return None
+    return list(results)
+
+
+class DPClient(EngineCoreClient):
+    """N engine cores behind one client (see the module docstring); base of the sync and async faces."""
+
+    def __init__(self, config: EngineConfig, *, log_stats: bool | None = None, executor_class: type | None = None):
+        parallel = config.parallel_config
+        self.config = config
+        self.num_engines = parallel.data_parallel_size
+        self.resources = DPResources(self.num_engines)
+        self.router = DPRouter(self.num_engines, routing=parallel.dp_routing, block_size=config.cache_config.block_size)
+        self.waves = WaveCoordinator() if parallel.dp_lockstep else None
+        if self.waves is not None:
+            config = with_group_address(config, free_group_address())
+        deliver = self._make_deliver()
+        broadcast = weakref.WeakMethod(self._broadcast_wave)
+        sinks = [
+            make_merged_sink(i, self.router, self.resources, deliver, self.waves, broadcast)
+            for i in range(self.num_engines)
+        ]
+        try:
+            self.engines: list[MPClient] = self._start_engines(config, sinks, log_stats, executor_class)
+        except BaseException:
+            self.resources.closed = True
+            raise
+        self.engine_info = self.engines[0].engine_info
+
+    def _start_engines(
+        self, config: EngineConfig, sinks: Sequence[Sink], log_stats: bool | None, executor_class: type | None
+    ) -> list[MPClient]:
+        """Starts one engine per sink and returns their clients (local processes; other backends override)."""
+        return list(start_local_engines(config, sinks, log_stats=log_stats, executor_class=executor_class))
+
+    @abstractmethod
+    def _make_deliver(self) -> Callable[[StreamItem], None]:
+        """How an engine's output thread hands an item to the merged stream (must not refer to the client)."""
+
+    # ------------------------------------------------------------------ requests
+    def ensure_alive(self) -> None:
+        """Raises ``EngineClientClosedError`` after shutdown, ``EngineDeadError`` once every engine is dead."""
+        if self.resources.closed:
+            raise EngineClientClosedError("The engine client has been shut down.")
+        if self.resources.engine_dead:
+            raise self.resources.dead_error()
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        """Sends the request to the engine the router picks. Should that engine die meanwhile, the request fails
+        with the engine's other requests (a ``RequestsFailed`` notice)."""
+        self.ensure_alive()
+        engine = self.router.route(request)
+        starts_wave = self.waves is not None and self.waves.stamp(request)
+        try:
+            self.engines[engine]._send_input(EngineCoreRequestType.ADD, request)
+        except EngineDeadError:
+            pass  # the engine's output thread handles its death: this request fails with its others
+        except BaseException:
+            self.router.forget(request.request_id)
+            raise
+        if starts_wave:
+            self._broadcast_wave(request.current_wave, engine)
+
+    def _broadcast_wave(self, wave: int, exclude_engine: int) -> None:
+        """Lockstep: ``START_DP_WAVE`` to every live engine but ``exclude_engine`` (which starts on its own)."""
+        for engine in self.router.live_engines():
+            if engine != exclude_engine:
+                try:
+                    self.engines[engine]._send_input(EngineCoreRequestType.START_DP_WAVE, (wave, exclude_engine))
+                except (EngineDeadError, EngineClientClosedError):
+                    continue
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        """Aborts each request on the engine that owns it; unknown or finished ids are ignored."""
+        if not request_ids or self.resources.closed:
+            return
+        for engine, ids in self.router.group_by_owner(request_ids).items():
+            try:
+                self.engines[engine].abort_requests(ids)
+            except EngineDeadError:
+                pass  # its requests have failed with it
+
+    # ------------------------------------------------------------------ utilities (fan out)
+    def _send_utility_all(self, method: str, args: tuple[Any, ...]) -> list[Future]:
+        self.ensure_alive()
+        futures = []
+        for engine in self.router.live_engines():
+            try:
+                futures.append(self.engines[engine]._send_utility(method, args))
+            except EngineDeadError:
+                continue
+        if not futures:
+            raise self.resources.dead_error()
+        return futures
+
+    def call_utility(self, method: str, *args: Any) -> Any:
+        """Calls an engine-core method on every live engine and combines the answers (``combine_results``)."""
+        futures = self._send_utility_all(method, args)
+        return _combine(method, [_outcome(future) for future in futures], self.resources)
+
+    # ------------------------------------------------------------------ shutdown
+    def shutdown(self) -> None:
+        """Stops every engine (in parallel) and removes their sockets; waiting callers wake with
+        ``EngineClientClosedError``. Idempotent."""
+        if self.resources.closed:
+            return
+        self.resources.closed = True
+        self._make_deliver()(EngineClientClosedError("The engine client was shut down while this call was waiting."))
+        stop_engines(getattr(self, "engines", []))
+
+    @property
+    def is_engine_dead(self) -> bool:
+        """True once every engine is dead."""
+        return self.resources.engine_dead
+
+    @property
+    def dead_engines(self) -> set[int]:
+        """Indices of the engines that died."""
+        return set(self.resources.dead_engines)
+
+
+def _outcome(future: Future) -> tuple[bool, Any]:
+    try:
+        return True, future.result()
+    except EngineDeadError as exc:
+        return False, exc
+
+
+def _combine(method: str, outcomes: list[tuple[bool, Any]], resources: DPResources) -> Any:
+    results = [value for ok, value in outcomes if ok]
+    if not results:
+        raise resources.dead_error()
+    return combine_results(method, results)
+
+
+class SyncDPClient(DPClient):
+    """The data-parallel client of ``LLM`` / ``LLMEngine``: ``get_output()`` blocks on the merged stream."""
+
+    def __init__(self, config: EngineConfig, *, log_stats: bool | None = None, executor_class: type | None = None):
+        self.outputs_queue: queue.Queue[StreamItem] = queue.Queue()
+        super().__init__(config, log_stats=log_stats, executor_class=executor_class)
+
+    def _make_deliver(self) -> Callable[[StreamItem], None]:
+        return self.outputs_queue.put_nowait
+
+    def get_output(self) -> EngineCoreOutputs:
+        """The next outputs of any engine; a dead engine's requests come back finished with ``error``. Raises
+        ``EngineDeadError`` once every engine is dead, ``EngineClientClosedError`` after shutdown (sticky)."""
+        item = self.outputs_queue.get()
+        if isinstance(item, RequestsFailed):
+            return item.as_outputs()
+        if isinstance(item, BaseException):
+            self.outputs_queue.put_nowait(item)
+            raise item
+        return item
+
+
+class AsyncDPClient(DPClient):
+    """The data-parallel client of ``AsyncLLM``: ``await get_output_async()`` on the merged stream."""
+
+    def __init__(self, config: EngineConfig, *, log_stats: bool | None = None, executor_class: type | None = None):
+        self._pending: deque[StreamItem] = deque()
+        self._waker = _LoopWaker()
+        super().__init__(config, log_stats=log_stats, executor_class=executor_class)
+
+    def _make_deliver(self) -> Callable[[StreamItem], None]:
+        pending, waker = self._pending, self._waker
+
+        def deliver(item: StreamItem) -> None:
+            pending.append(item)
+            waker.wake()
+
+        return deliver
+
+    async def get_output_async(self) -> EngineCoreOutputs | RequestsFailed:
+        """The next item of the merged stream: outputs, or a ``RequestsFailed`` notice (``AsyncLLM`` fails those
+        streams with its error). Raises ``EngineDeadError`` once every engine is dead, ``EngineClientClosedError``
+        after shutdown."""
+        event = self._waker.bind(asyncio.get_running_loop())
+        pending = self._pending
+        while True:
+            if pending:
+                item = pending.popleft()
+                if isinstance(item, BaseException):
+                    pending.appendleft(item)
+                    raise item
+                return item
+            if self.resources.closed:
+                raise EngineClientClosedError("The engine client has been shut down.")
+            event.clear()
+            if pending:
+                continue
+            await event.wait()
+
+    async def add_request_async(self, request: EngineCoreRequest) -> None:
+        """``add_request`` (ZMQ sends never block)."""
+        self.add_request(request)
+
+    async def abort_requests_async(self, request_ids: list[str]) -> None:
+        """``abort_requests``."""
+        self.abort_requests(request_ids)
+
+    async def call_utility_async(self, method: str, *args: Any) -> Any:
+        """Calls an engine-core method on every live engine at once and combines the answers."""
+        futures = self._send_utility_all(method, args)
+        outcomes = []
+        for future in futures:
+            try:
+                outcomes.append((True, await asyncio.wrap_future(future)))
+            except EngineDeadError as exc:
+                outcomes.append((False, exc))
+        return _combine(method, outcomes, self.resources)
+
+    def get_output(self) -> EngineCoreOutputs:
+        """Not available: outputs come through ``await get_output_async()``."""
+        raise EngineClientUsageError("AsyncDPClient delivers outputs through `await get_output_async()`.")

@@ -1,0 +1,182 @@
+"""Data parallel end to end (``-dp 2``) with a tiny real model: greedy outputs equal ``-dp 1`` and Hugging Face
+``generate()`` through ``LLM`` and ``AsyncLLM``; both engines serve; a named rank is honoured; utility calls fan
+out to every engine; ``vllite serve -dp 2`` through the openai client; nothing is left behind after shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from typing import Any
+
+import pytest
+import torch
+
+from vllite import LLM, SamplingParams
+from vllite.sampling_params import RequestOutputKind
+from vllite.testing import make_tiny_model_dir_cached
+
+pytestmark = pytest.mark.skipif(os.environ.get("VLLITE_SKIP_MP_TESTS") == "1", reason="multiprocess tests disabled")
+
+MAX_TOKENS = 12
+ENGINE_KWARGS = {"dtype": "float32", "block_size": 16, "max_model_len": 256}
+
+
+def _prompts(vocab_size: int, n: int = 10, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(10, vocab_size) for _ in range(rng.randint(3, 40))] for _ in range(n)]
+
+
+def _hf_greedy(model_dir: str, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    config = GenerationConfig(
+        do_sample=False, max_new_tokens=max_tokens, eos_token_id=None, pad_token_id=0, bos_token_id=None
+    )
+    with torch.no_grad():
+        return [model.generate(torch.tensor([p]), generation_config=config)[0, len(p) :].tolist() for p in prompts]
+
+
+@pytest.fixture(autouse=True)
+def multiprocess(monkeypatch):
+    """Data parallel runs engine processes (the test suite defaults to in-process engines)."""
+    monkeypatch.setenv("VLLITE_ENABLE_MULTIPROCESSING", "1")
+
+
+@pytest.fixture(scope="module")
+def case():
+    model_dir = str(make_tiny_model_dir_cached("llama"))
+    from transformers import AutoConfig
+
+    prompts = _prompts(AutoConfig.from_pretrained(model_dir).vocab_size)
+    return model_dir, prompts, _hf_greedy(model_dir, prompts, MAX_TOKENS)
+
+
+def _greedy() -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+
+
+def _engine_pids(llm: LLM) -> list[int]:
+    client: Any = llm.llm_engine.engine_core
+    return [engine.resources.proc.pid for engine in client.engines]
+
+
+def test_llm_dp2_greedy_equals_dp1_and_hf_and_cleans_up(case):
+    model_dir, prompts, expected = case
+    inputs = [{"prompt_token_ids": p} for p in prompts]
+    with LLM(model_dir, **ENGINE_KWARGS) as llm:
+        dp1 = [list(o.outputs[0].token_ids) for o in llm.generate(inputs, _greedy(), use_tqdm=False)]
+    llm = LLM(model_dir, data_parallel_size=2, **ENGINE_KWARGS)
+    client: Any = llm.llm_engine.engine_core
+    try:
+        outputs = llm.generate(inputs, _greedy(), use_tqdm=False)
+        dp2 = [list(o.outputs[0].token_ids) for o in outputs]
+        assert dp2 == dp1 == expected
+        served = [engine.call_utility("get_engine_info") for engine in client.engines]
+        assert len(served) == 2
+        # Both engines served (their prefix caches saw queries), and utilities fan out to both.
+        assert llm.llm_engine.engine_core.call_utility("get_request_counts") == [0, 0]
+        assert llm.reset_prefix_cache() is True
+        llm.sleep(1)
+        assert all(engine.call_utility("is_sleeping") for engine in client.engines)
+        llm.llm_engine.wake_up()
+        assert client.call_utility("is_sleeping") is False
+        again = llm.generate(inputs[:3], _greedy(), use_tqdm=False)
+        assert [list(o.outputs[0].token_ids) for o in again] == expected[:3]
+        pids = _engine_pids(llm)
+        ipc_dirs = [engine.resources.endpoints.ipc_dir for engine in client.engines]
+    finally:
+        llm.shutdown()
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}") or _is_zombie(pid)
+    assert not any(os.path.exists(d) for d in ipc_dirs)
+
+
+def test_requests_spread_over_both_engines(case):
+    model_dir, prompts, _ = case
+    with LLM(model_dir, data_parallel_size=2, **ENGINE_KWARGS) as llm:
+        engine_core: Any = llm.llm_engine.engine_core
+        seen: list[int] = []
+        original = engine_core.router.route
+
+        def spy(request):
+            engine = original(request)
+            seen.append(engine)
+            return engine
+
+        engine_core.router.route = spy
+        llm.generate([{"prompt_token_ids": p} for p in prompts], _greedy(), use_tqdm=False)
+        assert sorted(set(seen)) == [0, 1]
+        assert abs(seen.count(0) - seen.count(1)) <= 2
+
+
+def test_async_llm_dp2_streams_equal_hf_and_honour_the_rank(case):
+    from vllite.plugins.engine_proc.async_llm import AsyncLLM
+
+    model_dir, prompts, expected = case
+    llm = AsyncLLM(model_dir, data_parallel_size=2, **ENGINE_KWARGS)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, output_kind=RequestOutputKind.DELTA
+    )
+    routed: list[int] = []
+    original = llm.engine_core.router.route
+    llm.engine_core.router.route = lambda request: routed.append(original(request)) or routed[-1]
+
+    async def one(i: int, rank: int | None) -> list[int]:
+        tokens: list[int] = []
+        async for out in llm.generate({"prompt_token_ids": prompts[i]}, params, f"r{i}", data_parallel_rank=rank):
+            tokens.extend(out.outputs[0].token_ids)
+        return tokens
+
+    async def main() -> list[list[int]]:
+        named = await asyncio.gather(*(one(i, 1) for i in range(4)))
+        assert routed == [1, 1, 1, 1]
+        free = await asyncio.gather(*(one(i, None) for i in range(len(prompts))))
+        assert named == free[:4]
+        await llm.reset_prefix_cache()
+        await llm.pause_generation()
+        paused = await llm.engine_core.call_utility_async("is_scheduler_paused")
+        await llm.resume_generation()
+        assert paused is True
+        return free
+
+    try:
+        assert asyncio.run(main()) == expected
+        assert sorted(set(routed[4:])) == [0, 1]
+    finally:
+        llm.shutdown()
+
+
+def test_serve_dp2_through_the_openai_client(case):
+    openai = pytest.importorskip("openai")
+    from vllite.testing.server import RemoteServer
+
+    model_dir, prompts, expected = case
+    args = ["--model", model_dir, "-dp", "2", "--dtype", "float32", "--max-model-len", "256"]
+    with (
+        RemoteServer(args) as server,
+        openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0) as client,
+    ):
+        for i in range(4):
+            response = client.completions.create(
+                model=client.models.list().data[0].id,
+                prompt=prompts[i],
+                max_tokens=MAX_TOKENS,
+                temperature=0,
+                extra_body={
+                    "return_token_ids": True,
+                    "ignore_eos": True,
+                    "vllm_xargs": {"data_parallel_rank": i % 2},
+                },
+            )
+            assert response.choices[0].model_extra["token_ids"] == expected[i]
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] == "Z"
+    except OSError:
+        return True
