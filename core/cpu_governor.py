@@ -60,7 +60,7 @@ class OmpThreadPinner:
         self._torch = torch
         path = _loaded_openmp_library()
         self._lib: Any = None
-        if path is not None and torch.get_num_threads() > 0:
+        if path is not None:
             lib = ctypes.CDLL(path)
             if hasattr(lib, "GOMP_parallel") and hasattr(lib, "omp_get_thread_num"):
                 lib.omp_get_thread_num.restype = ctypes.c_int
@@ -74,6 +74,10 @@ class OmpThreadPinner:
     def can_pin(self) -> bool:
         """Whether each OpenMP thread can be pinned (otherwise only the calling thread is)."""
         return self._lib is not None
+
+    def set_num_threads(self, count: int) -> None:
+        """``torch.set_num_threads(count)`` for the calling thread, nothing pinned."""
+        self._torch.set_num_threads(count)
 
     def pin(self, cpus: Sequence[int]) -> list[int]:
         """``torch.set_num_threads(len(cpus))`` and thread *i* on ``cpus[i]``; returns the thread ids by index."""
@@ -176,7 +180,7 @@ class CpuThreadGovernor:
         if self.plan.pinned:
             self._repin()
         elif self.plan.num_threads is not None:
-            self.pinner._torch.set_num_threads(self.plan.num_threads)
+            self.pinner.set_num_threads(self.plan.num_threads)
         logger.info("CPU threads: %s", self.plan.describe())
 
     def place_others(self) -> None:
