@@ -265,34 +265,47 @@ class ModelRunner:
             self.requests[new.req_id] = state
             to_add.append(state)
 
+        get_state, index_of = self.requests.get, batch.req_id_to_index
+        all_token_ids, num_output_tokens, new_block_ids = (
+            cached.all_token_ids,
+            cached.num_output_tokens,
+            cached.new_block_ids,
+        )
+        num_with_counts, num_with_blocks = len(num_output_tokens), len(new_block_ids)
+        kept_rows: list[int] = []  # rows that keep their request: num_computed_tokens set at once below
+        kept_computed: list[int] = []
         for i, req_id in enumerate(cached.req_ids):
-            known = self.requests.get(req_id)
+            known = get_state(req_id)
             if known is None:
                 raise BatchStateError(f"Scheduled cached request {req_id!r} is unknown to the executor.")
             state = known
-            state.num_computed_tokens = cached.num_computed_tokens[i]
+            computed = cached.num_computed_tokens[i]
+            state.num_computed_tokens = computed
             tokens_changed = False
-            if req_id in cached.all_token_ids:
-                outputs = cached.all_token_ids[req_id][state.num_prompt_tokens :]
+            if all_token_ids and req_id in all_token_ids:
+                outputs = all_token_ids[req_id][state.num_prompt_tokens :]
                 if outputs != state.output_token_ids:
                     state.output_token_ids[:] = outputs  # in place: processors hold this list
                     tokens_changed = True
-            if i < len(cached.num_output_tokens) and cached.num_output_tokens[i] < len(state.output_token_ids):
-                del state.output_token_ids[cached.num_output_tokens[i] :]
+            if i < num_with_counts and num_output_tokens[i] < len(state.output_token_ids):
+                del state.output_token_ids[num_output_tokens[i] :]
                 tokens_changed = True
-            new_blocks = cached.new_block_ids[i] if i < len(cached.new_block_ids) else None
+            new_blocks = new_block_ids[i] if i < num_with_blocks else None
             if new_blocks:
                 state.block_ids.extend(new_blocks)
-            row = batch.req_id_to_index.get(req_id)
+            row = index_of.get(req_id)
             if row is not None and tokens_changed:
                 batch.remove_request(req_id)
                 row = None
             if row is None:
                 to_add.append(state)
                 continue
-            batch.num_computed_tokens[row] = state.num_computed_tokens
+            kept_rows.append(row)
+            kept_computed.append(computed)
             if new_blocks:
                 batch.append_block_ids(row, new_blocks)
+        if kept_rows:
+            batch.num_computed_tokens[kept_rows] = kept_computed
 
         for state in to_add:
             batch.add_request(state)
