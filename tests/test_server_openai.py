@@ -275,8 +275,8 @@ def test_tool_choice_required_parses_the_call(client, tokenizer):
         model=MODEL,
         messages=[{"role": "user", "content": "Weather?"}],
         tools=TOOLS,
-        tool_choice="required",
-        extra_body=forced(tokenizer, TOOL_TEXT),
+        tool_choice="required",  # constrained to vLLM's JSON list of calls, whatever --tool-call-parser says
+        extra_body=forced(tokenizer, '[{"name": "get_weather", "parameters": {"city": "Paris"}}]'),
     )
     assert response.choices[0].finish_reason == "tool_calls"
     assert response.choices[0].message.tool_calls[0].function.name == "get_weather"

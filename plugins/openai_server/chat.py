@@ -6,10 +6,13 @@ Tool calling, by ``tool_choice``:
 - ``auto`` (the default with tools; needs ``--tool-call-parser``): the parser finds the calls in the text; the
   answer carries ``tool_calls`` and ``finish_reason="tool_calls"``, and the text outside the calls as content.
   Streaming withholds text from where a call may begin, then sends each call as one ``tool_calls`` delta.
-- ``required``: as ``auto``, with the server's parser or, without one, the JSON format ``[{"name": ...,
-  "parameters": {...}}]``. The model is not constrained (that needs structured outputs): a reply without a call
-  finishes with ``"stop"`` and its text.
-- a named function: the whole text is that function's arguments (vLLM's behaviour), streamed as argument deltas.
+- ``required``: the reply is constrained (structured outputs) to vLLM's JSON format ``[{"name": ...,
+  "parameters": {...}}]``: one or more calls of the given tools, each with arguments valid for its schema.
+- a named function: the whole text is that function's arguments (vLLM's behaviour), constrained to its schema and
+  streamed as argument deltas.
+
+``response_format`` (``json_object``, ``json_schema``) and vLLM's ``structured_outputs`` constrain the reply too
+(:mod:`vllite.plugins.openai_server.structured`).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from vllite.plugins.openai_server.responses import (
 )
 from vllite.plugins.openai_server.sampling import build_sampling_params, check_common_fields
 from vllite.plugins.openai_server.streams import Submitted, submit
+from vllite.plugins.openai_server.structured import chat_constraint
 from vllite.plugins.openai_server.tool_choice import ToolMode, resolve_tool_mode
 
 
@@ -49,15 +53,10 @@ async def create_chat_completion(
     """The response body, or (``stream``) its SSE events; raises ``BadRequestError`` before anything is submitted."""
     model = ctx.check_model(request.model)
     check_common_fields(request, max_logprobs=ctx.max_logprobs)
-    if request.response_format is not None and request.response_format.type != "text":
-        raise BadRequestError(
-            f"response_format {request.response_format.type!r} needs structured outputs, which this server does not "
-            "support yet; use {'type': 'text'}.",
-            param="response_format",
-        )
     if request.top_logprobs is not None and not request.logprobs:
         raise BadRequestError("top_logprobs needs logprobs to be true.", param="top_logprobs")
     mode = resolve_tool_mode(ctx, request)
+    constraint = chat_constraint(request)
     prompt_ids = render_messages(
         ctx,
         request.messages,
@@ -69,7 +68,9 @@ async def create_chat_completion(
     )
     max_tokens = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
-    params = build_sampling_params(request, ctx.model_defaults, max_tokens=max_tokens, logprobs=logprobs)
+    params = build_sampling_params(
+        request, ctx.model_defaults, max_tokens=max_tokens, logprobs=logprobs, structured_outputs=constraint
+    )
     request_id = request.request_id or random_id("chatcmpl-")
     ctx.log_prompt(request_id, prompt_ids, params)
     submitted = await submit(ctx.engine, request_id, [prompt_ids], params, priority=request.priority)

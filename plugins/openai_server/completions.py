@@ -28,6 +28,7 @@ from vllite.plugins.openai_server.responses import (
 )
 from vllite.plugins.openai_server.sampling import build_sampling_params, check_common_fields
 from vllite.plugins.openai_server.streams import Submitted, submit
+from vllite.plugins.openai_server.structured import structured_outputs_field
 
 
 def normalize_prompts(prompt: Any) -> list[str | list[int]]:
@@ -61,6 +62,7 @@ async def create_completion(ctx: ServerContext, request: CompletionRequest) -> C
         ctx.model_defaults,
         max_tokens=request.max_tokens,
         logprobs=request.logprobs,
+        structured_outputs=structured_outputs_field(request),
         prompt_logprobs=request.logprobs if echo_logprobs else None,
     )
     request_id = request.request_id or random_id("cmpl-")

@@ -64,6 +64,8 @@ class SamplingFields(RequestModel):
     cache_salt: str | None = None
     vllm_xargs: dict[str, Any] | None = None
     extra_args: dict[str, Any] | None = None
+    # Structured outputs (vLLM's field): {"json": {...}} | {"regex": ...} | {"choice": [...]} | {"grammar": ...} ...
+    structured_outputs: dict[str, Any] | None = None
     # KV connectors (prefill/decode disaggregation): what the prefill server returned, passed to the decode server
     kv_transfer_params: dict[str, Any] | None = None
     # Continuum (the fork's fields): which agent program a request belongs to, and whether it is its last turn
@@ -150,7 +152,7 @@ class ChatMessage(BaseModel):
 
 
 class ResponseFormat(RequestModel):
-    """``response_format``: only ``{"type": "text"}`` until structured outputs exist."""
+    """``response_format``: ``text``, ``json_object``, or ``json_schema`` with ``{"name", "schema", "strict"}``."""
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: dict[str, Any] | None = None

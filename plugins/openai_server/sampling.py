@@ -11,6 +11,7 @@ from typing import Any
 from vllite.exceptions import BadRequestError
 from vllite.plugins.openai_server.protocol import SamplingFields
 from vllite.sampling_params import RequestOutputKind, SamplingParams
+from vllite.structured_output.params import StructuredOutputsParams
 
 #: Request fields that fall back to the model's generation config (``--generation-config``) when unset.
 MODEL_DEFAULTED_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
@@ -29,6 +30,7 @@ def build_sampling_params(
     max_tokens: int | None,
     logprobs: int | None,
     prompt_logprobs: int | None = None,
+    structured_outputs: StructuredOutputsParams | None = None,
 ) -> SamplingParams:
     """The request's ``SamplingParams`` (DELTA output when streaming, FINAL_ONLY otherwise).
 
@@ -63,6 +65,7 @@ def build_sampling_params(
             logit_bias=_logit_bias(request.logit_bias),
             allowed_token_ids=request.allowed_token_ids,
             extra_args=extra_args(request),
+            structured_outputs=structured_outputs,
             **fields,
         )
     except BadRequestError:

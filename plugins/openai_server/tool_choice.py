@@ -16,7 +16,7 @@ from vllite.plugins.openai_server.responses import (
     ToolCall,
 )
 
-#: The parser for ``tool_choice="required"`` when the server has none: vLLM's forced format is a JSON list.
+#: The parser for ``tool_choice="required"``: the reply is constrained to vLLM's forced format, a JSON list of calls.
 REQUIRED_FALLBACK_PARSER = "openai"
 
 
@@ -155,6 +155,10 @@ def resolve_tool_mode(ctx: ServerContext, request: ChatCompletionRequest) -> Too
                 param="tool_choice",
             )
         return NamedToolMode(template_tools, choice.function.name)
+    if choice == "required":  # constrained to the JSON list of calls (structured outputs), whatever the server's parser
+        from vllite.plugin_manager import resolve_component
+
+        return ParsedToolMode(template_tools, resolve_component("tool_parsers", REQUIRED_FALLBACK_PARSER))
     parser = ctx.tool_parser_class
     if choice == "auto" and (parser is None or not ctx.settings.enable_auto_tool_choice):
         raise BadRequestError(
@@ -162,10 +166,7 @@ def resolve_tool_mode(ctx: ServerContext, request: ChatCompletionRequest) -> Too
             "(tool_choice defaults to auto when tools are given).",
             param="tool_choice",
         )
-    if parser is None:
-        from vllite.plugin_manager import resolve_component
-
-        parser = resolve_component("tool_parsers", REQUIRED_FALLBACK_PARSER)
+    assert parser is not None
     return ParsedToolMode(template_tools, parser)
 
 
