@@ -8,12 +8,22 @@ masks prebuilt, so ``fast/sdpa`` is the cost of paging. The shapes include a mix
 kernel against the reference and against the same dense SDPA peer.
 
     python benchmarks/bench_kernels.py [--threads N] [--iters N]
+    python benchmarks/bench_kernels.py --end-to-end 3 [--model-preset 30m] [--num-prompts 64]
+
+``--end-to-end R`` instead runs a mixed-length offline workload (prompts of 8-400 tokens, 16-384 new tokens each,
+greedy, fp32) through the engine R times with the fast path and R times with ``VLLITE_CPU_ATTENTION=reference``,
+alternating fresh processes, and prints the median tokens/s of each and their ratio.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
+import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 
@@ -104,11 +114,62 @@ def timeit(fn: Callable[[], object], iters: int, cuda: bool) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def mixed_workload(num_prompts: int, preset: str | None) -> float:
+    """One engine over the mixed-length workload in this process; returns generated tokens/s."""
+    import random
+    import tempfile
+
+    from vllite import LLM, SamplingParams
+    from vllite.assets import default_model_path
+
+    model = default_model_path()
+    if preset:
+        from vllite.testing import make_model
+
+        model = str(make_model(preset=preset, path=tempfile.mkdtemp(prefix="vllite-bench-")))
+    llm = LLM(model, dtype="float32")
+    rng = random.Random(0)
+    reqs = [
+        ([rng.randint(5, 4000) for _ in range(rng.randint(8, 400))], rng.randint(16, 384)) for _ in range(num_prompts)
+    ]
+    llm.generate([{"prompt_token_ids": [11, 12, 13]}], SamplingParams(max_tokens=4), use_tqdm=False)
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for _, m in reqs]
+    start = time.perf_counter()
+    outputs = llm.generate([{"prompt_token_ids": p} for p, _ in reqs], params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    return sum(len(o.outputs[0].token_ids) for o in outputs) / elapsed
+
+
+def end_to_end(rounds: int, num_prompts: int, preset: str | None) -> None:
+    """Alternate fresh processes with the fast path and the reference; print medians and the ratio."""
+    rates: dict[str, list[float]] = {"fast": [], "reference": []}
+    for _ in range(rounds):
+        for mode in rates:
+            env = dict(os.environ, VLLITE_CPU_ATTENTION="fast" if mode == "fast" else "reference")
+            cmd = [sys.executable, __file__, "--worker", "--num-prompts", str(num_prompts)]
+            cmd += ["--model-preset", preset] if preset else []
+            done = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+            rates[mode].append(json.loads(done.stdout.strip().splitlines()[-1])["tokens_per_s"])
+            print(f"{mode:9} {rates[mode][-1]:9.1f} tokens/s", flush=True)
+    fast, ref = statistics.median(rates["fast"]), statistics.median(rates["reference"])
+    print(f"median: fast {fast:.1f}, reference {ref:.1f} tokens/s; fast / reference {fast / ref:.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--end-to-end", type=int, default=0, metavar="ROUNDS")
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--model-preset", default=None, help="vllite.testing preset (default: the demo model)")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ns = parser.parse_args()
+    if ns.worker:
+        print(json.dumps({"tokens_per_s": mixed_workload(ns.num_prompts, ns.model_preset)}))
+        return
+    if ns.end_to_end:
+        end_to_end(ns.end_to_end, ns.num_prompts, ns.model_preset)
+        return
     torch.set_num_threads(ns.threads)
     print(f"H={NUM_HEADS} Hkv={NUM_KV_HEADS} D={HEAD_DIM} block={BLOCK_SIZE}, torch threads={ns.threads}")
 
