@@ -157,6 +157,8 @@ class ParallelConfig:
     dp_routing: str = "load"
     #: Engines step in lockstep waves (stands in for MoE expert parallelism): idle ones run dummy steps.
     dp_lockstep: bool = False
+    #: CPUs each engine reserves in its Ray placement-group bundle (the ray backend).
+    dp_cpus_per_engine: float = 1.0
 
     @property
     def world_size(self) -> int:
@@ -373,6 +375,9 @@ class EngineArgs:
     dp_lockstep: bool = field(
         default=False, metadata=_help("Data-parallel engines step in lockstep waves (as MoE expert parallelism).")
     )
+    dp_cpus_per_engine: float = field(
+        default=1.0, metadata=_help("CPUs each data-parallel engine reserves on its Ray node (the ray backend).")
+    )
     plugin_config: dict[str, Any] = field(default_factory=dict, metadata={"cli": False})
 
     # ------------------------------------------------------------------ CLI
@@ -460,6 +465,7 @@ class EngineArgs:
                 data_parallel_backend=self.data_parallel_backend,
                 dp_routing=self.dp_routing,
                 dp_lockstep=self.dp_lockstep,
+                dp_cpus_per_engine=self.dp_cpus_per_engine,
             ),
             observability_config=ObservabilityConfig(log_stats=not self.disable_log_stats),
             executor=self.executor,
@@ -501,6 +507,8 @@ class EngineArgs:
                 f"prefix_caching_hash_algo must be one of {', '.join(HASH_ALGOS)}, "
                 f"got {self.prefix_caching_hash_algo!r}."
             )
+        if not self.dp_cpus_per_engine > 0:
+            raise ValueError(f"dp_cpus_per_engine must be > 0, got {self.dp_cpus_per_engine}.")
         if self.dp_routing not in DP_ROUTINGS:
             raise ValueError(f"dp_routing must be one of {', '.join(DP_ROUTINGS)}, got {self.dp_routing!r}.")
         for name in ("block_size", "max_num_seqs", "batch_queue_depth", "data_parallel_size"):
