@@ -83,3 +83,10 @@ class StructuredOutputBackend(abc.ABC):
     @abc.abstractmethod
     def new_grammar(self, compiled: Any) -> StructuredOutputGrammar:
         """A fresh matcher over ``compiled`` (what :meth:`compile` returned), in its start state."""
+
+    def fill_bitmasks(self, grammars: list[StructuredOutputGrammar], bitmask: torch.Tensor, rows: list[int]) -> None:
+        """Fills row ``rows[i]`` of ``bitmask`` for ``grammars[i]`` (this backend's matchers), once per step for the
+        batch. Default: one :meth:`StructuredOutputGrammar.fill_bitmask` each; a backend with a batched fill
+        overrides it."""
+        for grammar, row in zip(grammars, rows, strict=True):
+            grammar.fill_bitmask(bitmask, row)

@@ -34,16 +34,18 @@ def resolve_grammar_output(value: GrammarOutput | Future | None) -> GrammarOutpu
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """``[rows, vocab_size]`` bool, True where the bitmask forbids the token."""
+    """``[rows, vocab_size]`` bool, True where the bitmask forbids the token (numpy's ``unpackbits`` over the words'
+    little-endian bytes: bit ``i`` of word ``j`` is token ``32 * j + i``)."""
+    import numpy as np
     import torch
 
-    shifts = torch.arange(32, dtype=torch.int32)
-    bits = (bitmask.unsqueeze(-1) >> shifts) & 1
-    allowed = bits.reshape(bitmask.shape[0], -1)[:, :vocab_size]
-    if allowed.shape[1] < vocab_size:  # a bitmask narrower than the logits forbids the rest
-        pad = torch.zeros(bitmask.shape[0], vocab_size - allowed.shape[1], dtype=allowed.dtype)
-        allowed = torch.cat([allowed, pad], dim=1)
-    return allowed == 0
+    words = bitmask.numpy().astype("<i4", copy=False)
+    bits = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")[:, :vocab_size]
+    banned = torch.from_numpy(bits == 0)
+    if banned.shape[1] < vocab_size:  # a bitmask narrower than the logits forbids the rest
+        pad = torch.ones(banned.shape[0], vocab_size - banned.shape[1], dtype=torch.bool)
+        banned = torch.cat([banned, pad], dim=1)
+    return banned
 
 
 def batch_token_mask(

@@ -135,8 +135,8 @@ class StructuredOutputManager:
             wait(pending, timeout=0.05, return_when=FIRST_COMPLETED)
         for req_id, request in list(self.compiling.items()):
             so_request = request.structured_output_request
-            if request.is_finished() or so_request is None:
-                del self.compiling[req_id]
+            if request.is_finished() or so_request is None or scheduler.requests.get(req_id) is not request:
+                del self.compiling[req_id]  # aborted, or rejected before it was queued
                 continue
             if not so_request.is_compiled():
                 continue
@@ -163,32 +163,40 @@ class StructuredOutputManager:
         if not self.used:
             return
         requests = scheduler.requests
-        chosen: list[tuple[str, Any, list[int]]] = []
+        chosen: list[tuple[str, StructuredOutputRequest, list[int]]] = []
         spec_tokens = scheduler_output.scheduled_spec_decode_tokens
         for req_id in scheduler_output.num_scheduled_tokens:
             request = requests.get(req_id)
             if request is None or request.structured_output_request is None or request.is_prefill_chunk:
                 continue
-            grammar = request.structured_output_request.grammar
-            if grammar is not None:
-                chosen.append((req_id, grammar, spec_tokens.get(req_id) or []))
+            if request.structured_output_request.grammar is not None:
+                chosen.append((req_id, request.structured_output_request, spec_tokens.get(req_id) or []))
         if not chosen:
             return
         if self._fill_pool is None:
             self._fill_pool = ThreadPoolExecutor(1, thread_name_prefix="vllite-bitmask")
         scheduler_output.grammar_output = self._fill_pool.submit(self._fill, chosen)
 
-    def _fill(self, chosen: list[tuple[str, Any, list[int]]]) -> GrammarOutput:
+    def _fill(self, chosen: list[tuple[str, StructuredOutputRequest, list[int]]]) -> GrammarOutput:
         import torch
 
         num_rows = sum(1 + len(drafts) for _, _, drafts in chosen)
         bitmask = torch.full((num_rows, (self.vocab_size + 31) // 32), -1, dtype=torch.int32)
         req_id_to_row: dict[str, int] = {}
+        # Requests without drafts: one batched fill per backend; with drafts: a row per draft position.
+        batches: dict[str, tuple[list[Any], list[int]]] = {}
         row = 0
-        for req_id, grammar, drafts in chosen:
+        for req_id, so_request, drafts in chosen:
             req_id_to_row[req_id] = row
-            fill_rows(grammar, drafts, bitmask, row)
+            if drafts:
+                fill_rows(so_request.grammar, drafts, bitmask, row)
+            else:
+                grammars, rows = batches.setdefault(so_request.backend_name, ([], []))
+                grammars.append(so_request.grammar)
+                rows.append(row)
             row += 1 + len(drafts)
+        for name, (grammars, rows) in batches.items():
+            self.backend(name).fill_bitmasks(grammars, bitmask, rows)
         return GrammarOutput([req_id for req_id, _, _ in chosen], bitmask, req_id_to_row)
 
     def shutdown(self) -> None:

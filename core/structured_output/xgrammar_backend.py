@@ -9,6 +9,7 @@ does not validate.
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -186,6 +187,8 @@ class XgrammarBackend(StructuredOutputBackend):
 
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=self.eos_token_ids)
         self.compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+        self._batch: Any = None  # a BatchGrammarMatcher, made at the first batched fill
+        self._batch_threads = max(1, min(8, (os.cpu_count() or 2) // 2))
 
     @classmethod
     def validate(cls, spec: GrammarSpec) -> None:
@@ -218,3 +221,12 @@ class XgrammarBackend(StructuredOutputBackend):
         import xgrammar as xgr
 
         return XgrammarGrammar(xgr.GrammarMatcher(compiled))
+
+    def fill_bitmasks(self, grammars: list[StructuredOutputGrammar], bitmask: torch.Tensor, rows: list[int]) -> None:
+        """One ``BatchGrammarMatcher`` call for the whole batch (C++ threads, no per-request Python call)."""
+        if self._batch is None:
+            import xgrammar as xgr
+
+            self._batch = xgr.BatchGrammarMatcher(self._batch_threads)
+        matchers = [grammar.matcher for grammar in grammars]  # type: ignore[attr-defined]
+        self._batch.batch_fill_next_token_bitmask(matchers, bitmask, rows)
