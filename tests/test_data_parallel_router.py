@@ -189,3 +189,27 @@ def _mask() -> set[int]:
     import os
 
     return os.sched_getaffinity(0)
+
+
+def test_wave_coordinator_orders_wave_notices():
+    from vllite.plugins.engine_proc.dp_waves import WaveCoordinator
+
+    waves = WaveCoordinator()
+    assert waves.stamp(make_request("a")) is True  # idle: this request starts wave 0
+    assert waves.stamp(make_request("b")) is False
+    assert waves.on_outputs(EngineCoreOutputs(wave_complete=0)) is None
+    assert (waves.wave, waves.engines_running) == (1, False)
+    # An engine starts wave 1 (a request crossed wave 0's end): the client must wake the others.
+    assert waves.on_outputs(EngineCoreOutputs(start_wave=1)) == 1
+    assert waves.engines_running
+    # Wave 1 ends; a second engine's start_wave(1), overtaken on its socket, is stale and ignored.
+    waves.on_outputs(EngineCoreOutputs(wave_complete=1))
+    assert waves.on_outputs(EngineCoreOutputs(start_wave=1)) is None
+    assert (waves.wave, waves.engines_running) == (2, False)
+    # A wave_complete older than the current wave changes nothing.
+    waves.on_outputs(EngineCoreOutputs(start_wave=2))
+    waves.on_outputs(EngineCoreOutputs(wave_complete=1))
+    assert (waves.wave, waves.engines_running) == (2, True)
+    request = make_request("c")
+    waves.stamp(request)
+    assert request.current_wave == 2

@@ -345,7 +345,11 @@ class MPClient(EngineCoreClient):
 
     def _send_input(self, request_type: EngineCoreRequestType, request: Any) -> None:
         self.ensure_alive()
-        frames = self.encoder.encode(request)
+        self._send_frames(request_type, self.encoder.encode(request))
+
+    def _send_frames(self, request_type: EngineCoreRequestType, frames: list[Any]) -> None:
+        """Sends an encoded message (any thread: the socket is used under ``send_lock``)."""
+        self.ensure_alive()
         size = sum(memoryview(frame).nbytes for frame in frames)
         if size > self.settings.max_frame_bytes:  # the engine would refuse it (and drop the connection)
             raise EngineClientUsageError(

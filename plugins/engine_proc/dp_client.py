@@ -33,6 +33,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from vllite.config import EngineConfig
 from vllite.engine.core_client import EngineCoreClient
 from vllite.exceptions import EngineClientClosedError, EngineClientUsageError, EngineDeadError
@@ -219,11 +221,13 @@ class DPClient(EngineCoreClient):
             self._broadcast_wave(request.current_wave, engine)
 
     def _broadcast_wave(self, wave: int, exclude_engine: int) -> None:
-        """Lockstep: ``START_DP_WAVE`` to every live engine but ``exclude_engine`` (which starts on its own)."""
+        """Lockstep: ``START_DP_WAVE`` to every live engine but ``exclude_engine`` (which starts on its own).
+        Called from the frontend and from the engines' output threads, so it encodes with no shared encoder."""
+        payload = msgspec.msgpack.encode((wave, exclude_engine))
         for engine in self.router.live_engines():
             if engine != exclude_engine:
                 try:
-                    self.engines[engine]._send_input(EngineCoreRequestType.START_DP_WAVE, (wave, exclude_engine))
+                    self.engines[engine]._send_frames(EngineCoreRequestType.START_DP_WAVE, [payload])
                 except (EngineDeadError, EngineClientClosedError):
                     continue
 

@@ -6,7 +6,8 @@ The client is its own coordinator (vLLM runs a separate ``DPCoordinator`` proces
   and the client then sends ``START_DP_WAVE`` to every other engine (the one given the request starts on it);
 * ``wave_complete`` from rank 0 ends the wave (a stale one — older than the current wave — is ignored);
 * ``start_wave`` from an engine (it found work while idle: a request that crossed a wave's end, or a resume)
-  marks the wave running and asks the client to wake the other engines.
+  marks the wave running and asks the client to wake the other engines; one for a wave that has already ended
+  (overtaken by that wave's ``wave_complete``) is ignored.
 
 See ``dp_core_proc`` for the engines' side.
 """
@@ -45,8 +46,10 @@ class WaveCoordinator:
                 self.wave = outputs.wave_complete + 1
                 self.engines_running = False
                 self.waves_completed += 1
-            if outputs.start_wave is not None:
-                self.wave = max(self.wave, outputs.start_wave)
+            # A start_wave older than the current wave is stale: that wave already ended on every engine (its
+            # notice was overtaken by rank 0's wave_complete, which comes on another socket).
+            if outputs.start_wave is not None and outputs.start_wave >= self.wave:
+                self.wave = outputs.start_wave
                 self.engines_running = True
                 self.waves_started_by_engines += 1
                 return outputs.start_wave
