@@ -101,7 +101,9 @@ def test_async_llm_streams_on_a_killed_engine_raise_engine_dead():
     async def one(i: int) -> str:
         try:
             count = 0
-            async for out in llm.generate({"prompt_token_ids": [1, 2, 3, 4]}, params, f"a{i}", data_parallel_rank=i % 2):
+            async for out in llm.generate(
+                {"prompt_token_ids": [1, 2, 3, 4]}, params, f"a{i}", data_parallel_rank=i % 2
+            ):
                 count += len(out.outputs[0].token_ids)
                 if i == 1 and count >= 3:
                     os.kill(llm.engine_core.engines[1].resources.proc.pid, signal.SIGKILL)
