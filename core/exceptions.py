@@ -21,8 +21,9 @@ The hierarchy (a class in brackets is a second base, kept so that callers catchi
     ├── PluginHookError [RuntimeError], LogitsProcessorRowsError [RuntimeError]
     ├── KVBlockFileError, KVLoadError, KVConnectorConformanceError, P2PTransferError
     ├── BenchReplayError [RuntimeError], ServeBenchError [RuntimeError]
-    └── the HTTP server's, one per status: BadRequestError [ValueError] (400), UnauthorizedError (401),
-        ModelNotFoundError (404), RequestFailedError (500)
+    ├── the HTTP server's, one per status: BadRequestError [ValueError] (400), UnauthorizedError (401),
+    │   ModelNotFoundError (404), RequestFailedError (500)
+    └── UpstreamError (the disaggregation proxy could not reach a server: it answers 502)
 """
 
 from __future__ import annotations
@@ -257,6 +258,11 @@ class ModelNotFoundError(VlliteError):
 
 class UnauthorizedError(VlliteError):
     """A ``/v1`` request without the server's API key (HTTP 401)."""
+
+
+class UpstreamError(VlliteError):
+    """A server of a disaggregation proxy's group could not be reached or broke the connection (the proxy answers
+    502)."""
 
 
 class RequestFailedError(VlliteError):

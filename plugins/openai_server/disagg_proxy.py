@@ -29,6 +29,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
+from vllite.exceptions import UpstreamError
 from vllite.plugins.openai_server.errors import error_response
 from vllite.plugins.openai_server.responses import encode
 
@@ -65,10 +66,6 @@ class UpstreamGroup:
         order = [self.upstreams[(self._next + i) % count] for i in range(count)]
         self._next = (self._next + 1) % count
         return min(order, key=lambda upstream: upstream.in_flight)
-
-
-class UpstreamError(Exception):
-    """A server of a group could not be reached or broke the connection (the proxy answers 502)."""
 
 
 def prefill_body(body: dict[str, Any], chat: bool) -> dict[str, Any]:
