@@ -44,6 +44,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "vllite.structured_output.builtin_plugin",
     "vllite.engine.builtin_plugin",
     "vllite.plugins.engine_proc.plugin",
+    "vllite.plugins.ray_dp.plugin",
     "vllite.plugins.openai_server.plugin",
     "vllite.cli_commands",
 )

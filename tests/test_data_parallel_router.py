@@ -213,3 +213,14 @@ def test_wave_coordinator_orders_wave_notices():
     request = make_request("c")
     waves.stamp(request)
     assert request.current_wave == 2
+
+
+def test_an_unavailable_backend_or_no_multiprocessing_is_a_clear_error():
+    from vllite.config import EngineArgs
+    from vllite.engine.core_client import make_client
+
+    config = EngineArgs(data_parallel_size=2, data_parallel_backend="nope").create_engine_config()
+    with pytest.raises(ValueError, match=r"data_parallel_backend 'nope' is not available \(registered: mp"):
+        make_client(config, multiprocess=True)
+    with pytest.raises(ValueError, match="data_parallel_size > 1 needs the multiprocess engine"):
+        make_client(config, multiprocess=False)
