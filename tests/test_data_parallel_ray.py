@@ -16,7 +16,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from tests.test_data_parallel import ENGINE_KWARGS, MAX_TOKENS, _greedy  # noqa: E402
-from tests.test_data_parallel import case as case  # noqa: E402, F401  (the module fixture)
+from tests.test_data_parallel import case as case  # noqa: E402  (the module fixture)
 from tests.test_engine_proc import Collector, expected_tokens, make_config, request  # noqa: E402
 from vllite.exceptions import EngineDeadError  # noqa: E402
 from vllite.protocol import FinishReason  # noqa: E402
