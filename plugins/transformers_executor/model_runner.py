@@ -32,7 +32,7 @@ from vllite.plugins.transformers_executor.input_batch import CachedRequestState,
 from vllite.plugins.transformers_executor.kv_connector_step import execute_with_connector
 from vllite.plugins.transformers_executor.model_loader import ModelSpec
 from vllite.plugins.transformers_executor.prompt_logprobs import compute_prompt_logprobs, plan_prompt_logprobs
-from vllite.plugins.transformers_executor.sampler import Sampler
+from vllite.plugins.transformers_executor.sampler import Sampler, SamplingMetadata
 from vllite.plugins.transformers_executor.sampling_inputs import SamplingInputs
 from vllite.plugins.transformers_executor.step_buffers import StepBuffers, prepare_inputs
 from vllite.protocol import LogprobsLists
@@ -157,7 +157,7 @@ class ModelRunner:
             logits_indices = torch.cat([logits_indices, extra])
         logits = self._forward(input_ids, positions, metadata, logits_indices)
 
-        sampling_md = self.sampling_inputs.get(samples)
+        sampling_md = self._sampling_metadata(samples)
         out = self.sampler(logits[:num_reqs], sampling_md)
         sampled = out.sampled_token_ids.cpu().numpy()
         failed = self._take_failed_requests(req_ids, samples)
@@ -360,6 +360,14 @@ class ModelRunner:
         if not self._accepts_logits_to_keep:
             logits = logits[logits_indices]
         return logits
+
+    def _sampling_metadata(self, samples: np.ndarray) -> SamplingMetadata:
+        """The step's sampling metadata (``samples[row]``: the row keeps its token), reused while it can be."""
+        return self.sampling_inputs.get(samples)
+
+    def _add_penalties(self, md: SamplingMetadata, n: int) -> None:
+        """Sets ``md``'s penalty tensors from the batch's current tokens (rows ``0 .. n-1``) when a row has one."""
+        self.sampling_inputs.add_penalties(md, n)
 
     # ------------------------------------------------------------------ memory profiling (CUDA)
     @torch.inference_mode()
