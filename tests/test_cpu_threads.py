@@ -183,6 +183,25 @@ def test_pinner_pins_each_openmp_thread_to_its_cpu(restore_threads):
     torch.ones(1 << 16).mul(2).sum()  # torch's own parallel regions keep working on the pinned pool
 
 
+@pytest.mark.skipif(not TWO_CPUS, reason="needs two CPUs")
+def test_governor_repins_for_real_when_a_cpu_is_contended(monkeypatch, restore_threads):
+    import torch
+
+    first, second = sorted(os.sched_getaffinity(0))[:2]
+    clock = [0.0]
+    governor = CpuThreadGovernor(CpuThreadPlan("auto", (first, second), (), 2, True), clock=lambda: clock[0])
+    # (run ns, wait ns) per thread: at start, after the interval (thread 1 waited half the time it wanted to
+    # run), and after the re-pin.
+    samples = iter([[(0, 0), (0, 0)], [(10**9, 0), (10**9, 10**9)], [(0, 0)]])
+    monkeypatch.setattr("vllite.cpu_governor.thread_wait_times", lambda tids: next(samples))
+    governor.start()
+    assert torch.get_num_threads() == 2 and os.sched_getaffinity(governor.tids[1]) == {second}
+    clock[0] = 1.0
+    governor.after_step()
+    assert governor.active_cpus == [first] and torch.get_num_threads() == 1
+    assert os.sched_getaffinity(0) == {first}
+
+
 # ------------------------------------------------------------------ the engine-core process
 def _thread_cpus(pid: int) -> dict[int, str]:
     cpus = {}
@@ -199,6 +218,7 @@ def _generate_in_engine_process(monkeypatch, bind: str) -> tuple[dict[int, str],
     from vllite.assets import default_model_path
 
     monkeypatch.setenv(BIND_ENV, bind)
+    monkeypatch.setenv(ADAPTIVE_ENV, "0")  # on a loaded machine the governor may rightly move threads meanwhile
     monkeypatch.setenv("VLLITE_ENABLE_MULTIPROCESSING", "1")
     llm = LLM(str(default_model_path()))
     try:
