@@ -66,3 +66,36 @@ def batch_token_mask(
     mask = torch.zeros(len(req_ids), vocab_size, dtype=torch.bool)
     mask[torch.tensor(batch_rows, dtype=torch.int64)] = unpack_bitmask(output.grammar_bitmask[source_rows], vocab_size)
     return mask.to(device)
+
+
+def draft_token_mask(
+    grammar_output: GrammarOutput | Future | None,
+    req_ids: list[str],
+    num_drafts: list[int],
+    vocab_size: int,
+    device: torch.device,
+) -> torch.Tensor | None:
+    """The banned-token mask for a speculative step's kept logits rows: request ``i`` has ``1 + num_drafts[i]``
+    consecutive rows (its positions after each draft), in request order; row ``p`` of a constrained request takes
+    its bitmask row ``req_id_to_row + p``. ``None`` when no request of the batch is constrained."""
+    import torch
+
+    output = resolve_grammar_output(grammar_output)
+    if output is None:
+        return None
+    to_row = output.req_id_to_row
+    kept_rows: list[int] = []
+    source_rows: list[int] = []
+    first = 0
+    for req_id, drafts in zip(req_ids, num_drafts, strict=True):
+        start = to_row.get(req_id)
+        if start is not None:
+            kept_rows.extend(range(first, first + 1 + drafts))
+            source_rows.extend(range(start, start + 1 + drafts))
+        first += 1 + drafts
+    if not kept_rows:
+        return None
+    mask = torch.zeros(first, vocab_size, dtype=torch.bool)
+    source = output.grammar_bitmask[torch.tensor(source_rows, dtype=torch.int64)]
+    mask[torch.tensor(kept_rows, dtype=torch.int64)] = unpack_bitmask(source, vocab_size)
+    return mask.to(device)

@@ -123,7 +123,8 @@ class StructuredOutputsParams(msgspec.Struct, omit_defaults=True, kw_only=True):
         kind = self.kind
         text: str
         if kind == "json":
-            text = self.json if isinstance(self.json, str) else json.dumps(self.json, sort_keys=True)
+            # Not key-sorted: the schema's property order is the output's.
+            text = self.json if isinstance(self.json, str) else json.dumps(self.json)
         elif kind == "choice":
             text = json.dumps(self.choice)
         elif kind == "json_object":
