@@ -76,6 +76,9 @@ class SchedulerOutput:
     finished_req_ids: set[str] = field(default_factory=set)
     preempted_req_ids: set[str] = field(default_factory=set)
     kv_connector_metadata: Any = None
+    # Structured outputs: the step's grammar bitmask for its constrained requests that sample (a
+    # vllite.structured_output.bitmask.GrammarOutput, or a Future of one filled while the model runs); None without.
+    grammar_output: Any = None
 
     @classmethod
     def make_empty(cls) -> SchedulerOutput:

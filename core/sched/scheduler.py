@@ -28,6 +28,7 @@ from vllite.sched.policy_args import check_policy_args
 from vllite.sched.request_queue import FCFSRequestQueue, RequestQueue
 from vllite.sched.step_state import StepState, make_step_record
 from vllite.sched.updates import update_from_output
+from vllite.structured_output.manager import filter_drafts
 
 if TYPE_CHECKING:
     from vllite.config import EngineConfig
@@ -367,6 +368,8 @@ class Scheduler(SchedulerInterface):
             request = requests.get(request_id)
             if request is None or request.status != RequestStatus.RUNNING or request.is_prefill_chunk:
                 continue
+            if request.structured_output_request is not None:
+                token_ids = filter_drafts(request, list(token_ids))  # cut at the first token the grammar refuses
             request.spec_token_ids = list(token_ids)
 
     # ------------------------------------------------------------------ queries

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from vllite.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason, LogprobsLists, SchedulerStats
 from vllite.request import Request, RequestStatus
 from vllite.sched.stop import check_stop
+from vllite.structured_output.manager import advance_grammar
 
 _NOTHING: frozenset[str] = frozenset()
 
@@ -60,6 +61,8 @@ def update_from_output(
                 new_token_ids = append_output_tokens(request, new_token_ids, max_model_len)
         else:
             new_token_ids = apply_sampled_tokens(request, scheduler_output, model_runner_output, max_model_len)
+        if new_token_ids and request.structured_output_request is not None:
+            advance_grammar(request, new_token_ids)  # a terminated grammar finishes the request (stop)
         stopped = request.is_finished()
         if stopped:
             if was_running:

@@ -38,6 +38,7 @@ from vllite.plugins.transformers_executor.step_buffers import StepBuffers, prepa
 from vllite.protocol import LogprobsLists
 from vllite.sampling_params import SamplingType
 from vllite.sched.output import ModelRunnerOutput, SchedulerOutput
+from vllite.structured_output.bitmask import batch_token_mask
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +159,10 @@ class ModelRunner:
         logits = self._forward(input_ids, positions, metadata, logits_indices)
 
         sampling_md = self._sampling_metadata(samples)
-        out = self.sampler(logits[:num_reqs], sampling_md)
+        token_mask = None
+        if scheduler_output.grammar_output is not None:  # structured outputs: the grammar bitmask
+            token_mask = batch_token_mask(scheduler_output.grammar_output, req_ids, self.vocab_size, self.device)
+        out = self.sampler(logits[:num_reqs], sampling_md, token_mask)
         sampled = out.sampled_token_ids.cpu().numpy()
         failed = self._take_failed_requests(req_ids, samples)
         sampled_token_ids = self._record_sampled(sampled, samples)

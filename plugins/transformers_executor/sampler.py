@@ -65,10 +65,13 @@ class SamplerOutput:
 class Sampler:
     """Turns logits ``[B, V]`` into tokens following each row's sampling parameters."""
 
-    def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
-        """Samples one token per row of ``logits`` ``[B, V]`` following ``md``."""
+    def __call__(
+        self, logits: torch.Tensor, md: SamplingMetadata, token_mask: torch.Tensor | None = None
+    ) -> SamplerOutput:
+        """Samples one token per row of ``logits`` ``[B, V]`` following ``md``; ``token_mask`` ``[B, V]`` (True =
+        banned: structured outputs' grammar bitmask) applies after the processors and penalties, before sampling."""
         if md.max_num_logprobs is None and md.allowed_token_ids_mask is None and md.no_penalties:
-            return SamplerOutput(self.sample_fast(logits, md), None)
+            return SamplerOutput(self.sample_fast(logits, md, token_mask), None)
         raw_logprobs = None
         if md.max_num_logprobs is not None:
             raw_logprobs = torch.log_softmax(logits.float(), dim=-1)
@@ -79,17 +82,23 @@ class Sampler:
             logits = md.logitsprocs.apply_non_argmax_invariant(logits)
         if not md.no_penalties:
             logits = apply_penalties(logits, md)
+        if token_mask is not None:
+            logits = logits.masked_fill(token_mask, float("-inf"))
         sampled = self.sample(logits, md)
         logprobs = None
         if raw_logprobs is not None:
             logprobs = gather_logprobs(raw_logprobs, md.max_num_logprobs or 0, sampled)
         return SamplerOutput(sampled, logprobs)
 
-    def sample_fast(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    def sample_fast(
+        self, logits: torch.Tensor, md: SamplingMetadata, token_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Sampling of a batch without logprobs, ``allowed_token_ids`` or penalties (see the module docstring)."""
         logits = logits.float()
         if md.logitsprocs is not None and md.logitsprocs.non_argmax_invariant:
             logits = md.logitsprocs.apply_non_argmax_invariant(logits)
+        if token_mask is not None:
+            logits = logits.masked_fill(token_mask, float("-inf"))
         if md.all_greedy:
             return logits.argmax(dim=-1)
         if not md.all_random or md.top_k is not None or md.top_p is not None:
