@@ -118,6 +118,9 @@ class Request:
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1
         self.num_preemptions = 0
+        # Async scheduling (vllite.sched.async_placeholders): tokens of steps in flight not yet sampled, already
+        # counted in num_computed_tokens.
+        self.num_output_placeholders = 0
         self.is_prefill_chunk = False
         # Tokens a KV connector supplied at the latest admission (beyond the local prefix-cache hit).
         self.num_external_computed_tokens = 0

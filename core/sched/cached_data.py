@@ -32,7 +32,7 @@ def make_cached_request_data(step: StepState, prev_step_scheduled_req_ids: set[s
         add_tokens(tokens[computed : computed + num_tokens])
         add_blocks(new_blocks.get_block_ids() if new_blocks.blocks else None)
         add_computed(computed)
-        add_outputs(request.num_output_tokens)
+        add_outputs(request.num_output_tokens + request.num_output_placeholders)  # the workers know in-flight ones
         if request_id not in prev:
             all_token_ids[request_id] = list(tokens)
     return data

@@ -21,6 +21,7 @@ from vllite.kv_cache.manager import KVCacheManager
 from vllite.kv_cache.single_type import FullAttentionManager
 from vllite.protocol import EngineCoreEventType
 from vllite.request import Request, RequestStatus
+from vllite.sched.async_placeholders import num_new_tokens_ahead
 from vllite.sched.faults import never_fits, never_fits_message
 
 if TYPE_CHECKING:
@@ -46,6 +47,8 @@ def schedule_running(scheduler: Scheduler, step: StepState) -> None:
         request = running[req_index]
         computed = request.num_computed_tokens
         num_new = request.num_tokens_with_spec - computed
+        if request.num_output_placeholders:  # async scheduling: the next decode ahead of its input token, or wait
+            num_new = num_new_tokens_ahead(request, computed)
         if 0 < long_prefill < num_new:
             num_new = long_prefill
         # Never schedule a position at or past max_model_len.
