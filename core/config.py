@@ -116,6 +116,8 @@ class SchedulerConfig:
     scheduling_policy: str = "fcfs"
     num_lookahead_tokens: int = 0
     batch_queue_depth: int = 1
+    # Plan step N+1 while step N runs, with output placeholders (vllite.sched.async_scheduler); 2 batches in flight.
+    async_scheduling: bool = False
     tool_call_estimator: str = "utility"
     policy_args: dict[str, Any] = field(default_factory=dict)
 
@@ -313,6 +315,10 @@ class EngineArgs:
         metadata=_help("Scheduler-policy settings as JSON, e.g. '{\"eta\": 1.5}'.", cli_type=_json_dict),
     )
     batch_queue_depth: int = field(default=1, metadata=_help("Batches in flight (pipelined step if > 1)."))
+    async_scheduling: bool = field(
+        default=False,
+        metadata=_help("Plan the next step while the current one runs (output placeholders)."),
+    )
     logits_processors: list[Any] | None = field(
         default=None,
         metadata=_help("Extra logits processors: class paths, comma-separated (pkg.mod:A,pkg.mod:B).", cli_type=_names),
@@ -456,6 +462,7 @@ class EngineArgs:
                 scheduler_cls=self.scheduler_cls,
                 scheduling_policy=self.scheduling_policy,
                 batch_queue_depth=self.batch_queue_depth,
+                async_scheduling=self.async_scheduling,
                 tool_call_estimator=self.tool_call_estimator,
                 policy_args=dict(self.policy_args),
             ),
@@ -477,6 +484,10 @@ class EngineArgs:
         )
         if self.max_model_len is not None:
             config._token_budget(self.max_model_len)  # fails now, not in the engine, for an impossible token budget
+        if self.async_scheduling:
+            from vllite.sched.async_scheduler import check_async_scheduling
+
+            check_async_scheduling(config)  # ValueError naming both flags for a combination not served yet
         return config
 
     def _kv_transfer_config(self) -> KVTransferConfig | None:
