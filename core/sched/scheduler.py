@@ -26,6 +26,7 @@ from vllite.sched.output import ModelRunnerOutput, NewRequestData, SchedulerOutp
 from vllite.sched.phases import admit_waiting, schedule_running
 from vllite.sched.policy_args import check_policy_args
 from vllite.sched.request_queue import FCFSRequestQueue, RequestQueue
+from vllite.sched.spec_decode import SpecDecodingTracker
 from vllite.sched.step_state import StepState, make_step_record
 from vllite.sched.updates import update_from_output
 from vllite.structured_output.manager import filter_drafts
@@ -129,6 +130,8 @@ class Scheduler(SchedulerInterface):
         self.step_counter = 0
         self._num_preemptions_since_stats = 0
         self.num_preemptions_total = 0  # cumulative, for tests and benchmarks
+        # Drafts verified and accepted (vllite.sched.spec_decode); None without --speculative-config.
+        self.spec_decoding = SpecDecodingTracker.from_config(config, log_stats)
         if step_observer is _FROM_PLUGINS:
             from vllite.plugin_manager import get_hook_caller
 
@@ -439,6 +442,7 @@ class Scheduler(SchedulerInterface):
             prefix_cache_hits=prefix.hits if prefix else 0,
             num_preemptions=num_preemptions,
             step_counter=self.step_counter,
+            spec_decoding_stats=self.spec_decoding.take_stats() if self.spec_decoding is not None else None,
         )
 
     def shutdown(self) -> None:

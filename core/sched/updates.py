@@ -36,6 +36,8 @@ def update_from_output(
     recomputing: frozenset[str] | set[str] = _NOTHING
     if scheduler.kv_transfer is not None:
         recomputing = scheduler.kv_transfer.update_from_output(scheduler, model_runner_output.kv_connector_output)
+    if scheduler.spec_decoding is not None and scheduler_output.scheduled_spec_decode_tokens:
+        scheduler.spec_decoding.observe(scheduler_output, model_runner_output)  # acceptance figures
     index_of, sampled = model_runner_output.req_id_to_index, model_runner_output.sampled_token_ids
     no_drafts = not scheduler_output.scheduled_spec_decode_tokens
     requests = scheduler.requests

@@ -34,6 +34,7 @@ from vllite.plugins.transformers_executor.model_loader import ModelSpec
 from vllite.plugins.transformers_executor.prompt_logprobs import compute_prompt_logprobs, plan_prompt_logprobs
 from vllite.plugins.transformers_executor.sampler import Sampler, SamplingMetadata
 from vllite.plugins.transformers_executor.sampling_inputs import SamplingInputs
+from vllite.plugins.transformers_executor.spec_decode.decoder import NgramSpecDecoder
 from vllite.plugins.transformers_executor.step_buffers import StepBuffers, prepare_inputs
 from vllite.protocol import LogprobsLists
 from vllite.sampling_params import SamplingType
@@ -85,6 +86,8 @@ class ModelRunner:
         self._index_map: dict[str, int] = {}
         self._prompt_lp = False
         self.buffers = StepBuffers(self.max_num_reqs)
+        spec_config = config.speculative_config  # n-gram speculative decoding (spec_decode/decoder.py)
+        self.spec_decoder = NgramSpecDecoder(spec_config, self.max_model_len) if spec_config is not None else None
         self.sampling_inputs = SamplingInputs(
             self.input_batch, self.vocab_size, device, self.default_generator, self.logitsprocs
         )
@@ -143,11 +146,18 @@ class ModelRunner:
         req_ids = batch.req_ids
         scheduled = scheduler_output.num_scheduled_tokens
         num_scheduled = np.fromiter(map(scheduled.__getitem__, req_ids), dtype=np.int64, count=num_reqs)
-        input_ids, positions, metadata = self._prepare_inputs(num_scheduled)
+        spec = self.spec_decoder
+        num_drafts = spec.write_drafts(batch, scheduler_output.scheduled_spec_decode_tokens, req_ids) if spec else None
+        input_ids, positions, metadata = self._prepare_inputs(num_scheduled, num_drafts)
         seq_lens = batch.num_computed_tokens[:num_reqs] + num_scheduled
         samples = seq_lens >= batch.num_tokens[:num_reqs]
 
-        logits_indices = metadata.query_start_loc[1:].to(torch.int64) - 1
+        if num_drafts is not None:  # keep the logits of every draft position (and the one before the drafts)
+            assert spec is not None
+            draft_indices, first_rows = spec.logits_indices(metadata.query_start_loc.cpu(), num_drafts)
+            logits_indices = torch.from_numpy(draft_indices).to(self.device)
+        else:
+            logits_indices = metadata.query_start_loc[1:].to(torch.int64) - 1
         prompt_plan = None
         if self._wants_prompt_logprobs(batch):
             prompt_plan = plan_prompt_logprobs(
@@ -157,6 +167,11 @@ class ModelRunner:
             extra = torch.cat([torch.arange(c.lo, c.hi) for c in prompt_plan]).to(self.device)
             logits_indices = torch.cat([logits_indices, extra])
         logits = self._forward(input_ids, positions, metadata, logits_indices)
+        if num_drafts is not None:
+            assert spec is not None
+            return spec.finish_step(
+                self, logits, first_rows, num_drafts, samples, req_ids, prompt_plan, scheduler_output
+            )
 
         sampling_md = self._sampling_metadata(samples)
         token_mask = None
@@ -183,6 +198,7 @@ class ModelRunner:
             logprobs=logprobs,
             prompt_logprobs_dict=prompt_logprobs,
             failed_requests=failed,
+            draft_token_ids=spec.propose(batch, req_ids, samples) if spec is not None else None,
         )
 
     def _record_sampled(self, sampled: np.ndarray, samples: np.ndarray) -> list[list[int]]:
@@ -336,7 +352,9 @@ class ModelRunner:
         return generator
 
     # ------------------------------------------------------------------ inputs
-    def _prepare_inputs(self, num_scheduled: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    def _prepare_inputs(
+        self, num_scheduled: np.ndarray, num_drafts: np.ndarray | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         return prepare_inputs(
             self.input_batch,
             num_scheduled,
@@ -344,6 +362,7 @@ class ModelRunner:
             self.buffers,
             self.device,
             stable_metadata=self.kv_connector is not None,
+            num_drafts=num_drafts,
         )
 
     def _forward(

@@ -52,9 +52,11 @@ def prepare_inputs(
     device: torch.device,
     *,
     stable_metadata: bool = False,
+    num_drafts: np.ndarray | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
     """The packed ``[1, num_tokens]`` input ids and positions and the attention metadata of rows
-    ``0 .. len(num_scheduled)-1``, which compute ``num_scheduled[i]`` tokens each (all > 0).
+    ``0 .. len(num_scheduled)-1``, which compute ``num_scheduled[i]`` tokens each (all > 0). ``num_drafts[i]``
+    draft tokens (speculative decoding) may follow row ``i``'s known tokens in ``batch.token_ids``.
 
     ``ValueError`` when a request is scheduled past its known tokens or has no KV block for a position.
     """
@@ -83,7 +85,7 @@ def prepare_inputs(
         qsl = query_start_loc.numpy()
         qsl[0] = 0
         qsl[1:] = cu
-    known = batch.num_tokens[:num_reqs]
+    known = batch.num_tokens[:num_reqs] if num_drafts is None else batch.num_tokens[:num_reqs] + num_drafts
     if (seq_lens > known).any():
         row = int(np.argmax(seq_lens > known))
         raise ValueError(

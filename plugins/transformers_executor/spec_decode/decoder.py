@@ -34,9 +34,11 @@ from vllite.plugins.transformers_executor.spec_decode.ngram import NgramProposer
 from vllite.plugins.transformers_executor.spec_decode.rejection_sampler import NO_DRAFT, RejectionSampler
 from vllite.protocol import LogprobsLists
 from vllite.sched.output import ModelRunnerOutput
+from vllite.structured_output.bitmask import draft_token_mask
 
 if TYPE_CHECKING:
     from vllite.plugins.transformers_executor.input_batch import CachedRequestState, InputBatch
+    from vllite.sched.output import SchedulerOutput
     from vllite.speculative_config import SpeculativeConfig
 
 #: Recomputes a metadata's penalty token tensors from the batch's current tokens (in place).
@@ -118,13 +120,19 @@ class NgramSpecDecoder:
         samples: np.ndarray,
         req_ids: list[str],
         prompt_plan: list[Any] | None,
+        scheduler_output: SchedulerOutput,
     ) -> ModelRunnerOutput:
         """The model runner's step after the forward pass when drafts were scheduled: verify them (``sample``),
         drop the rows a logits processor failed on, compute prompt logprobs from the rows after the kept ones,
         and draft the next step. ``runner`` is the :class:`~vllite.plugins.transformers_executor.model_runner.
-        ModelRunner` (its batch, requests, sampling metadata, penalties and failed-row bookkeeping are used)."""
+        ModelRunner` (its batch, requests, sampling metadata, penalties and failed-row bookkeeping are used).
+        Structured outputs' grammar bitmask (``scheduler_output.grammar_output``) constrains every position."""
         batch = runner.input_batch
         num_kept = len(first_rows) + int(num_drafts.sum())
+        grammar_output = scheduler_output.grammar_output
+        token_mask = None
+        if grammar_output is not None:
+            token_mask = draft_token_mask(grammar_output, req_ids, num_drafts.tolist(), logits.shape[-1], logits.device)
         prompt_logprobs = compute_prompt_logprobs(prompt_plan or [], logits[num_kept:], runner.requests)
         md = runner._sampling_metadata(samples)
         num_reqs = batch.num_reqs
@@ -136,6 +144,7 @@ class NgramSpecDecoder:
             samples,
             md,
             lambda position_md: runner._add_penalties(position_md, num_reqs),
+            token_mask,
         )
         failed = runner._take_failed_requests(req_ids, samples)
         return ModelRunnerOutput(
@@ -157,10 +166,12 @@ class NgramSpecDecoder:
         samples: np.ndarray,
         md: SamplingMetadata,
         refresh_penalties: PenaltyRefresher,
+        token_mask: torch.Tensor | None = None,
     ) -> DraftSample:
         """Verifies every request's drafts (see the module docstring). ``logits`` holds the kept rows
         (``logits_indices``); ``samples[r]`` says whether row ``r`` samples at all this step; ``md`` is the
-        step's sampling metadata for the sampling rows. Emitted tokens are appended to the requests' live
+        step's sampling metadata for the sampling rows; ``token_mask`` (True = banned, aligned with ``logits``)
+        bans tokens after the processors and penalties. Emitted tokens are appended to the requests' live
         output lists and to the batch as they are decided."""
         num_reqs = len(num_drafts)
         active = samples[:num_reqs].copy()
@@ -182,12 +193,14 @@ class NgramSpecDecoder:
                 # penalties look at the history up to this position.
                 if md.logitsprocs is not None:
                     md.logitsprocs.update_state(None)
-                position_md = replace(md, generators={r: g for r, g in md.generators.items() if active[r]})
+                if md.generators or not md.no_penalties:
+                    position_md = replace(md, generators={r: g for r, g in md.generators.items() if active[r]})
                 if not md.no_penalties:
                     refresh_penalties(position_md)
             index = torch.from_numpy(first_rows + np.minimum(position, num_drafts)).to(device)
             drafts = torch.from_numpy(draft_matrix[:, position])
-            result, logprobs = self._verify_position(logits[index], position_md, drafts)
+            mask = token_mask[index] if token_mask is not None else None
+            result, logprobs = self._verify_position(logits[index], position_md, drafts, mask)
             tokens = result.token_ids.tolist()
             accepted = result.accepted.tolist()
             for row in rows.tolist():
@@ -205,7 +218,7 @@ class NgramSpecDecoder:
         return DraftSample(outputs, logprob_rows if wants_logprobs else None)
 
     def _verify_position(
-        self, logits: torch.Tensor, md: SamplingMetadata, draft_token_ids: torch.Tensor
+        self, logits: torch.Tensor, md: SamplingMetadata, draft_token_ids: torch.Tensor, mask: torch.Tensor | None
     ) -> tuple[Any, LogprobsLists | None]:
         """One position for the whole batch: processors, penalties, rejection sampling, logprobs."""
         raw_logprobs = torch.log_softmax(logits.float(), dim=-1) if md.max_num_logprobs is not None else None
@@ -216,6 +229,8 @@ class NgramSpecDecoder:
             logits = md.logitsprocs.apply_non_argmax_invariant(logits)
         if not md.no_penalties:
             logits = apply_penalties(logits, md)
+        if mask is not None:
+            logits = logits.masked_fill(mask, float("-inf"))
         result = self.rejection_sampler.verify(logits, md, draft_token_ids.to(logits.device))
         if raw_logprobs is None:
             return result, None
