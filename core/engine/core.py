@@ -24,6 +24,7 @@ from vllite.exceptions import VlliteError
 from vllite.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, EngineInfo, FinishReason
 from vllite.request import Request, RequestStatus
 from vllite.sched import PauseState, create_scheduler
+from vllite.sched.async_scheduler import create_async_scheduler
 from vllite.sched.output import ModelRunnerOutput, SchedulerOutput
 
 if TYPE_CHECKING:
@@ -63,7 +64,9 @@ class EngineCore:
             self.info, self.config = self._settle_limits(config)
             # An executor with its own clock (the simulated one: virtual time) shares it with the scheduler.
             clock = getattr(self.model_executor, "clock", None)
-            self.scheduler = create_scheduler(
+            self.async_scheduling = self.config.scheduler_config.async_scheduling
+            make_scheduler = create_async_scheduler if self.async_scheduling else create_scheduler
+            self.scheduler = make_scheduler(
                 self.config,
                 self.info.num_gpu_blocks,
                 sliding_window=self.info.sliding_window,
@@ -83,6 +86,10 @@ class EngineCore:
         self._pending_errors: list[tuple[Request, str]] = []  # rejected requests, with the reason
         self._drain_waiters: list[Future] = []
         self.batch_queue_size = max(1, config.scheduler_config.batch_queue_depth)
+        if self.async_scheduling:
+            # Step N+1 is scheduled while step N runs (output placeholders): exactly two batches in flight, so at
+            # most one step's tokens are unknown when the scheduler plans (vllite.sched.async_scheduler).
+            self.batch_queue_size = 2
         self.batch_queue: deque[tuple[Future, SchedulerOutput]] | None = (
             deque(maxlen=self.batch_queue_size) if self.batch_queue_size > 1 else None
         )
@@ -191,6 +198,9 @@ class EngineCore:
     def step_with_batch_queue(self) -> tuple[dict[int, EngineCoreOutputs] | None, bool]:
         """Pipelined step: schedule the next batch while the previous one still executes.
 
+        Without async scheduling a request whose output is still in flight is not scheduled again until it
+        arrives; with it (``--async-scheduling``) the scheduler schedules its next decode on an output placeholder
+        (:mod:`vllite.sched.async_scheduler`), so the model runs every step back to back.
         Schedules and submits a new batch while the queue has room and there is work, and only blocks on the
         oldest batch when the queue is full or nothing new can be scheduled. Returns ``(None, False)`` when it
         submitted a batch without collecting one.
@@ -204,7 +214,8 @@ class EngineCore:
         if self.scheduler.has_requests() and len(self.batch_queue) < self.batch_queue_size:
             self.structured_output_manager.update_waiting(self.scheduler)
             scheduler_output = self.scheduler.schedule()
-            # A request is never in two batches in flight, so its matcher is up to date here.
+            # A constrained request is never in two batches in flight (with async scheduling it waits for its
+            # token: vllite.sched.async_placeholders), so its matcher is up to date here.
             self.structured_output_manager.start_grammar_bitmask(self.scheduler, scheduler_output)
             # Even an empty step goes through the worker, in order: the executor must drop finished requests,
             # and only one thread may touch the executor's state.
