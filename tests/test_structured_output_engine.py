@@ -331,3 +331,51 @@ def test_bad_constraints_fail_alone_at_submit(llm):
             llm.generate("x", SamplingParams(structured_outputs=P(**kwargs)), use_tqdm=False)
     # The engine keeps serving.
     assert sample(llm, P(choice=CHOICES), 2)[0].text in CHOICES
+
+
+def test_pipelined_steps_with_the_batch_queue(model_path):
+    """With two batches in flight a request is never in both, so its matcher is current when the next bitmask is
+    filled: outputs stay valid and greedy ones equal the unpipelined engine's."""
+    so_config = {"disable_any_whitespace": True}
+    llm = LLM(model_path, max_model_len=512, structured_outputs_config=so_config, batch_queue_depth=2)
+    reference = LLM(model_path, max_model_len=512, structured_outputs_config=so_config)
+    try:
+        for constraint, check in CASES.values():
+            outputs = sample(llm, constraint, 6)
+            assert all(o.finish_reason == "stop" and check(o.text) for o in outputs), [o.text for o in outputs]
+        greedy = [SamplingParams(temperature=0.0, max_tokens=200, structured_outputs=c) for c, _ in CASES.values()]
+        prompts = ["Give me data:"] * len(greedy)
+        got = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
+        assert got == [o.outputs[0].token_ids for o in reference.generate(prompts, greedy, use_tqdm=False)]
+    finally:
+        llm.llm_engine.shutdown()
+        reference.llm_engine.shutdown()
+
+
+def test_the_documented_third_party_backend(tmp_path, monkeypatch, model_path):
+    """docs/structured-outputs.md's "Adding a backend" example, installed as an entry-point plugin, drives LLM."""
+    from pathlib import Path
+
+    from plugin_utils import forget_modules, make_distribution
+
+    from vllite import plugin_manager
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "structured-outputs.md").read_text()
+    source = next(b for b in re.findall(r"```python\n(.*?)```", doc, flags=re.S) if "class FixedBackend" in b)
+    root = tmp_path / "site"
+    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.delenv("VLLITE_PLUGINS", raising=False)
+    forget_modules("fixed_backend_plugin")
+    make_distribution(root, "fixed-backend", {"vllite": {"fixed-backend": "fixed_backend_plugin"}},
+                      {"fixed_backend_plugin": source})  # fmt: skip
+    plugin_manager.reset_plugin_manager()
+    try:
+        llm = LLM(model_path, max_model_len=512, structured_outputs_config={"backend": "fixed"})
+        params = SamplingParams(temperature=1.0, max_tokens=50, structured_outputs=P(regex="hello world"))
+        output = llm.generate("Say it:", params, use_tqdm=False)[0].outputs[0]
+        assert output.text == "hello world" and output.finish_reason == "stop"
+        with pytest.raises(ValueError, match="only takes regex"):
+            llm.generate("x", SamplingParams(structured_outputs=P(choice=["a"])), use_tqdm=False)
+        llm.llm_engine.shutdown()
+    finally:
+        plugin_manager.reset_plugin_manager()
