@@ -291,3 +291,30 @@ def test_stop_conditions_equal_sync(llama_case, monkeypatch, tmp_path, multiproc
         assert all(len(tokens) <= params.max_tokens for tokens, _ in got)
         if params.max_tokens == 24:
             assert any(reason == "stop" for _, reason in got), "the case was meant to stop early"
+
+
+def test_structured_outputs_wait_for_their_tokens(monkeypatch) -> None:
+    """Constrained requests are not scheduled ahead (their grammar must accept the in-flight token first):
+    their outputs stay valid and every output, constrained or not, equals the synchronous engine's."""
+    import re
+
+    from vllite.structured_output import StructuredOutputsParams
+
+    monkeypatch.setenv("VLLITE_ENABLE_MULTIPROCESSING", "0")
+    model_dir = str(make_tiny_model_dir_cached("llama"))
+    regex, choices = r"[a-z]{2,6}-[0-9]{2}", ["positive", "negative", "neutral"]
+    plain = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    params = [
+        plain,
+        SamplingParams(temperature=0.0, max_tokens=40, structured_outputs=StructuredOutputsParams(regex=regex)),
+        plain,
+        SamplingParams(temperature=0.0, structured_outputs=StructuredOutputsParams(choice=choices)),
+    ]
+    prompts = ["Once upon a time", "def main():", "The weather", "import numpy"]
+    results = []
+    for async_scheduling in (False, True):
+        with LLM(model_dir, max_model_len=256, async_scheduling=async_scheduling) as llm:
+            results.append([o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)])
+    sync, ahead = results
+    assert [o.token_ids for o in ahead] == [o.token_ids for o in sync]
+    assert re.fullmatch(regex, ahead[1].text) and ahead[3].text in choices
