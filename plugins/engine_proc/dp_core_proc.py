@@ -111,24 +111,29 @@ class DPEngineCoreProc(EngineCoreProc):
             return
         while self._handle_shutdown():
             self._process_input_queue()
-            local_work = self._has_local_work()
-            if not self.engines_running and local_work:
-                self._start_wave()
-            executed = self._step_and_publish()
-            local_work = self._has_local_work()
-            if not executed:
-                if not local_work and not self.engines_running:
-                    if self.engine.scheduler.has_unfinished_requests():
-                        time.sleep(0.001)  # paused with kept requests: wait for input without spinning hot
-                    continue
-                self._execute_dummy_batch()
-            self.engines_running = self._has_global_unfinished_reqs(local_work)
-            if not self.engines_running:
-                if self.dp_rank == 0:
-                    self._send_to_client(EngineCoreOutputs(wave_complete=self.current_wave))
-                self.current_wave += 1
-                self.step_counter = 0
+            self._lockstep_iteration()
         raise SystemExit
+
+    def _lockstep_iteration(self) -> None:
+        """One turn of the lockstep loop once the input is taken: a real or dummy step while a wave runs, the
+        all-reduce every ``SYNC_EVERY_STEPS`` steps, and the wave's end."""
+        local_work = self._has_local_work()
+        if not self.engines_running and local_work:
+            self._start_wave()
+        executed = self._step_and_publish()
+        local_work = self._has_local_work()
+        if not executed:
+            if not local_work and not self.engines_running:
+                if self.engine.scheduler.has_unfinished_requests():
+                    time.sleep(0.001)  # paused with kept requests: wait for input without spinning hot
+                return
+            self._execute_dummy_batch()
+        self.engines_running = self._has_global_unfinished_reqs(local_work)
+        if not self.engines_running:
+            if self.dp_rank == 0:
+                self._send_to_client(EngineCoreOutputs(wave_complete=self.current_wave))
+            self.current_wave += 1
+            self.step_counter = 0
 
     def _start_wave(self) -> None:
         """Work found while idle (a request from an ended wave, or a resume): run, and have the client wake the
