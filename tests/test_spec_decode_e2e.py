@@ -93,6 +93,7 @@ def test_greedy_equals_hf_in_the_engine_process(case, k):
     from vllite.sampling_params import RequestOutputKind
 
     model_dir, prompts, expected = case
+    prometheus = pytest.importorskip("vllite.plugins.openai_server.metrics")
     logger = SpecDecodingStatLogger()
     llm = AsyncLLM(
         model_dir,
@@ -100,7 +101,7 @@ def test_greedy_equals_hf_in_the_engine_process(case, k):
         block_size=16,
         max_model_len=256,
         speculative_config=_ngram(k),
-        stat_loggers=[logger],
+        stat_loggers=[logger, lambda info: prometheus.PrometheusStatLogger("m", info)],
     )
     params = SamplingParams(
         temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY
@@ -123,6 +124,13 @@ def test_greedy_equals_hf_in_the_engine_process(case, k):
     assert results == expected
     metrics = logger.metrics[0]
     assert metrics.num_accepted_tokens > 0 and 0 < metrics.acceptance_rate <= 1
+    body = llm.stat_loggers[1].render()[0].decode()  # what GET /metrics serves
+    labels = 'engine="0",model_name="m"'
+    assert f"vllite:spec_decode_num_drafts_total{{{labels}}} {float(metrics.num_drafts)}" in body
+    assert f"vllite:spec_decode_num_draft_tokens_total{{{labels}}} {float(metrics.num_draft_tokens)}" in body
+    assert f"vllite:spec_decode_num_accepted_tokens_total{{{labels}}} {float(metrics.num_accepted_tokens)}" in body
+    first = metrics.num_accepted_tokens_per_pos[0]
+    assert f'vllite:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="0"}} {float(first)}' in body
 
 
 def _sample_tokens(model_dir: str, prompts: list[list[int]], spec: dict | None, **params) -> list[list[int]]:
