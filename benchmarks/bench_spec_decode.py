@@ -76,12 +76,14 @@ def make_workload(tokenizer, args: argparse.Namespace) -> list[tuple[list[int], 
     cases = []
     for i in range(args.num_prompts):
         source = (ROOT / SOURCES[i % len(SOURCES)]).read_text()[: 8 * args.input_len]  # enough characters
-        ids = tokenizer.encode(source, add_special_tokens=False)[: args.input_len]
+        ids = tokenizer.encode(source, add_special_tokens=False, verbose=False)[: args.input_len]
         text = tokenizer.decode(ids)
         text = text[: text.rfind("\n") + 1] if "\n" in text else text
         edited, instruction, _ = edit_source(text, args.comment_every)
-        prompt = tokenizer.encode(instruction + "```python\n" + text + "```\n\n```python\n", add_special_tokens=False)
-        answer = tokenizer.encode(edited, add_special_tokens=False)[: args.output_len]
+        prompt = tokenizer.encode(
+            instruction + "```python\n" + text + "```\n\n```python\n", add_special_tokens=False, verbose=False
+        )
+        answer = tokenizer.encode(edited, add_special_tokens=False, verbose=False)[: args.output_len]
         cases.append((prompt, answer))
     return cases
 
