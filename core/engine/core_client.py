@@ -149,7 +149,9 @@ def make_client(
     asyncio_mode: bool = False,
     log_stats: bool | None = None,
 ) -> EngineCoreClient:
-    """Builds the engine client: ``mp`` (or ``async_mp``) when enabled and registered, else in-process."""
+    """Builds the engine client: ``mp`` (or ``async_mp``) when enabled and registered, else in-process; with
+    ``data_parallel_size`` > 1, ``dp_<backend>`` (or ``async_dp_<backend>``), and a ``ValueError`` when that backend
+    is not registered or multiprocessing is off."""
     from vllite.plugin_manager import get_registry
 
     clients = get_registry("engine_clients")

@@ -4,9 +4,11 @@ One output-handler task per event loop pulls ``EngineCoreOutputs`` from the ``As
 ``OutputProcessor`` (detokenize, stop strings, n > 1) and puts each ``RequestOutput`` into its request's
 ``RequestOutputCollector``; each ``generate()`` iterator reads only its own collector. Cancelling an iterator
 (task cancellation or ``aclose()``) aborts the request in the engine. If the engine dies, every open iterator
-raises ``EngineDeadError``; after ``shutdown()`` every open iterator raises ``EngineClientClosedError``. If the
-output of one request cannot be processed (its detokenizer, stop strings or logprobs raise), that iterator alone
-raises ``RequestProcessingError`` and the request is aborted in the engine; the other streams go on.
+raises ``EngineDeadError``; after ``shutdown()`` every open iterator raises ``EngineClientClosedError``. With
+data parallel (``data_parallel_size`` > 1) one engine's death ends only the streams it served, with
+``EngineDeadError``. If the output of one request cannot be processed (its detokenizer, stop strings or logprobs
+raise), that iterator alone raises ``RequestProcessingError`` and the request is aborted in the engine; the other
+streams go on.
 
 ``stat_loggers`` (``vllite.engine.stats.StatLogger``s, or factories that build one from the ``EngineInfo``, e.g.
 the server's Prometheus logger) get each batch's ``SchedulerStats`` and ``IterationStats`` from the output handler;
