@@ -201,20 +201,19 @@ class NgramSpecDecoder:
             drafts = torch.from_numpy(draft_matrix[:, position])
             mask = token_mask[index] if token_mask is not None else None
             result, logprobs = self._verify_position(logits[index], position_md, drafts, mask)
-            tokens = result.token_ids.tolist()
-            accepted = result.accepted.tolist()
-            for row in rows.tolist():
-                token = tokens[row]
+            tokens = result.token_ids.cpu().numpy()
+            batch.append_tokens(rows, tokens[rows])
+            states = batch.states
+            for row, token in zip(rows.tolist(), tokens[rows].tolist()):
                 outputs[row].append(token)
-                state: CachedRequestState = batch.state_at(row)
+                state: CachedRequestState | None = states[row]
+                assert state is not None
                 state.output_token_ids.append(token)  # the live list the processors read
-                batch.append_token(row, token)
                 if logprobs is not None:
                     logprob_rows[row].append(
                         (logprobs.logprob_token_ids[row], logprobs.logprobs[row], logprobs.sampled_token_ranks[row])
                     )
-                if not accepted[row]:
-                    active[row] = False
+            active[rows[~result.accepted.cpu().numpy()[rows]]] = False
         return DraftSample(outputs, logprob_rows if wants_logprobs else None)
 
     def _verify_position(
