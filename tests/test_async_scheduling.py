@@ -318,3 +318,17 @@ def test_structured_outputs_wait_for_their_tokens(monkeypatch) -> None:
     sync, ahead = results
     assert [o.token_ids for o in ahead] == [o.token_ids for o in sync]
     assert re.fullmatch(regex, ahead[1].text) and ahead[3].text in choices
+
+
+def test_seeded_sampling_and_penalties_equal_sync(llama_case, monkeypatch) -> None:
+    """The executor's own view of each request (tokens in flight included) drives seeded sampling and penalties:
+    the same outputs as the synchronous engine."""
+    monkeypatch.setenv("VLLITE_ENABLE_MULTIPROCESSING", "0")
+    model_dir, prompts, _ = llama_case
+    params = [
+        SamplingParams(temperature=0.8, seed=i, max_tokens=16, repetition_penalty=1.3, frequency_penalty=0.5)
+        for i in range(len(prompts))
+    ]
+    sync = _generate(model_dir, prompts, params, max_num_batched_tokens=40)
+    ahead = _generate(model_dir, prompts, params, max_num_batched_tokens=40, async_scheduling=True)
+    assert [o.outputs[0].token_ids for o in ahead] == [o.outputs[0].token_ids for o in sync]
