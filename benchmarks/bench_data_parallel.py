@@ -145,6 +145,8 @@ def main() -> None:
     if args.backend == "ray" and args.ray_local_nodes > 0:
         from ray.cluster_utils import Cluster
 
+        # Ray kills workers when the machine's memory runs high (other processes count): not on a benchmark.
+        os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
         cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
         for _ in range(args.ray_local_nodes - 1):
             cluster.add_node(num_cpus=1)

@@ -44,8 +44,9 @@ class RayActorProcess:
     """A Ray actor seen through the ``multiprocessing.Process`` interface the engine client uses: ``sentinel`` (a
     pipe that closes when the actor's ``run()`` ends), ``is_alive``, ``terminate`` (graceful), ``kill``, ``join``."""
 
-    def __init__(self, actor: Any, info: dict[str, Any]) -> None:
+    def __init__(self, actor: Any, info: dict[str, Any], resources: Any = None) -> None:
         self.actor = actor
+        self._resources = resources  # the engine client's BackgroundResources: told why the actor died
         self.pid: int = info["pid"]
         self.node_id: str = info["node_id"]
         self.exitcode: int | None = None
@@ -64,9 +65,11 @@ class RayActorProcess:
         try:
             ray.get(self._run_ref)
             self.exitcode = 0
-        except BaseException as exc:  # the actor died or its loop raised
-            logger.debug("Engine actor ended: %s", exc)
+        except BaseException as exc:  # the actor died (killed, its node lost, out of memory) or its loop raised
             self.exitcode = 1
+            resources = self._resources
+            if resources is not None and not resources.closed:
+                resources.mark_dead(f"The engine actor died: {type(exc).__name__}: {exc}")
         finally:
             try:
                 ray.kill(self.actor, no_restart=True)
@@ -175,7 +178,7 @@ class RayEngineClient(DPEngineClient):
             ) from None
         except ray.exceptions.RayError as exc:
             raise EngineStartupError(f"Engine actor {self.engine_index} failed to start: {exc}") from None
-        proc = RayActorProcess(self._actor, info)
+        proc = RayActorProcess(self._actor, info, self.resources)
         self.resources.proc = proc
         input_socket = self.resources.input_socket
         assert input_socket is not None
