@@ -97,7 +97,7 @@ def test_llm_generate_keeps_the_batch_when_one_request_fails_to_decode(monkeypat
 def test_n_greater_than_one_fails_as_one_request_with_every_sample_marked():
     from vllite.engine.output_processor import OutputProcessor
     from vllite.engine.parallel_sampling import ParentRequest
-    from vllite.protocol import EngineCoreOutput, EngineCoreRequest
+    from vllite.protocol import EngineCoreOutput, EngineCoreRequest, FinishReason
 
     params = SamplingParams(n=3, max_tokens=50, output_kind=RequestOutputKind.FINAL_ONLY)
     request = EngineCoreRequest("p", [1, 2, 3], params, None, time.time())
@@ -107,7 +107,10 @@ def test_n_greater_than_one_fails_as_one_request_with_every_sample_marked():
         child_id, child_params = parent.get_child_info(index)
         child = EngineCoreRequest(child_id, [1, 2, 3], child_params, None, time.time())
         proc.add_request(child, None, parent, index)
-    result = proc.process_outputs([EngineCoreOutput("p-0", [7]), EngineCoreOutput("p-1", [BAD_TOKEN])])
+    # FINAL_ONLY text is decoded when a sample finishes: p-1 fails as it ends, and its unfinished siblings with it.
+    result = proc.process_outputs(
+        [EngineCoreOutput("p-0", [7]), EngineCoreOutput("p-1", [BAD_TOKEN], finish_reason=FinishReason.LENGTH)]
+    )
 
     assert sorted(result.reqs_to_abort) == ["p-0", "p-1", "p-2"]
     assert proc.get_num_unfinished_requests() == 0 and not proc.parent_requests

@@ -211,6 +211,16 @@ class IncrementalDetokenizer:
             return self.output_text[start:end]
         return ""
 
+    def text_so_far(self) -> str:
+        """The text of every token recorded so far, for a request ending in an error: a deferred request decodes
+        now, keeping the text before a token that fails to decode (the failure itself was reported already)."""
+        if self.defer:
+            try:
+                self._catch_up()
+            except Exception:  # the partial text is what is wanted; the error was reported already
+                pass
+        return self.output_text
+
     def _decode(self, ids: list[int]) -> str:
         assert self._decode_fn is not None
         return self._decode_fn(ids, self.skip_special_tokens)
@@ -224,7 +234,10 @@ class IncrementalDetokenizer:
         start = end - self._num_undecoded
         self._num_undecoded = 0
         if self._byte_level and start == self._num_context:
-            full = self._decode(tokens[:end])
+            try:
+                full = self._decode(tokens[:end])
+            except Exception:  # decode token by token below: the text before a failing token is kept
+                full = _REPLACEMENT_CHAR
             if _REPLACEMENT_CHAR not in full:
                 prefix = self._decode(tokens[: self._num_context])
                 if full.startswith(prefix):
@@ -233,11 +246,13 @@ class IncrementalDetokenizer:
                     return
         self._tokens = tokens[:start]
         pieces = [self.output_text]
-        for token_id in tokens[start:end]:
-            self._tokens.append(token_id)
-            pieces.append(self._decode_next())
-        self._tokens = tokens
-        self.output_text = "".join(pieces)
+        try:
+            for token_id in tokens[start:end]:
+                self._tokens.append(token_id)
+                pieces.append(self._decode_next())
+        finally:  # a token that fails to decode leaves the text decoded before it, as per-step decoding did
+            self._tokens = tokens
+            self.output_text = "".join(pieces)
 
     def _decode_next(self) -> str:
         prefix_text = self._decode(self._tokens[self._prefix_offset : self._read_offset])

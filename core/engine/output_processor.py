@@ -125,11 +125,11 @@ class RequestState:
         )
 
     def error_completion(self, message: str) -> CompletionOutput:
-        """This sample's final output after a client-side failure: the text and tokens so far (read without
-        decoding anything more), ``finish_reason="error"`` and ``message``."""
+        """This sample's final output after a client-side failure: the text and tokens so far (a token that fails
+        to decode ends the text), ``finish_reason="error"`` and ``message``."""
         return CompletionOutput(
             index=self.request_index,
-            text=self.detokenizer.output_text,
+            text=self.detokenizer.text_so_far(),
             token_ids=list(self.detokenizer.output_token_ids),
             finish_reason=str(FinishReason.ERROR),
             error=message,
