@@ -9,7 +9,8 @@ CPUs: with ``VLLITE_CPU_OMP_THREADS_BIND=auto`` (the default) the CPUs ``auto`` 
 into ``data_parallel_size`` contiguous groups, engine *r* on group *r* (with fewer CPUs than engines, engine *r*
 gets CPU ``r mod n``); ``VLLITE_CPU_NUM_THREADS`` then caps each engine's threads. As in vLLM, an explicit list may
 give each rank its own list, separated by ``|`` (``0-3|4-7``); a single list (or ``nobind``) applies to every
-engine.
+engine. Each engine's process keeps all its threads on its own CPUs; the frontend keeps to the CPUs ``auto``
+reserved from the engines (none on a machine of fewer than four cores).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from vllite.config import EngineConfig
-from vllite.cpu_threads import BIND_ENV, NUM_THREADS_ENV, resolve_plan
+from vllite.cpu_governor import confine_frontend
+from vllite.cpu_threads import BIND_ENV, NUM_THREADS_ENV, CpuThreadPlan, resolve_plan
 from vllite.exceptions import CpuThreadsConfigError, EngineClientUsageError, EngineStartupError
 from vllite.protocol import EngineCoreOutputs
 
@@ -81,6 +83,16 @@ def engine_cpu_overrides(num_engines: int, environ: dict[str, str] | None = None
     return [{BIND_ENV: ",".join(str(cpu) for cpu in group)} for group in groups]
 
 
+def frontend_plan(environ: dict[str, str] | None = None) -> CpuThreadPlan | None:
+    """With ``auto``, the plan whose engine CPUs are all the engines' groups together (so the frontend keeps to
+    the CPUs reserved from them); None otherwise."""
+    env = dict(os.environ if environ is None else environ)
+    if (env.get(BIND_ENV, "").strip() or "auto") != "auto":
+        return None
+    env.pop(NUM_THREADS_ENV, None)
+    return resolve_plan(env)
+
+
 def start_local_engines(
     config: EngineConfig,
     sinks: Sequence[Sink],
@@ -110,6 +122,9 @@ def start_local_engines(
         for engine in engines:
             rank = engine.engine_index
             engine.wait_until_ready()
+        plan = frontend_plan()
+        if plan is not None:
+            confine_frontend(plan)  # onto the CPUs auto left out of every engine's group, if any
     except BaseException as exc:
         stop_engines(engines)
         if isinstance(exc, Exception):

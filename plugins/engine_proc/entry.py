@@ -74,6 +74,22 @@ def _prepare_cpu_threads() -> CpuThreadPlan:
     return plan
 
 
+def _confine_to_bound_cpus() -> None:
+    """A data-parallel engine given a CPU list keeps every thread on it (its I/O threads too, rather than on the
+    CPUs of the other engines); before any thread starts, so they all inherit the mask."""
+    from vllite.cpu_threads import BIND_ENV, parse_cpu_list
+
+    bind = os.environ.get(BIND_ENV, "").strip()
+    if not bind or bind in ("auto", "nobind") or "|" in bind:
+        return
+    try:
+        cpus = set(parse_cpu_list(bind)) & os.sched_getaffinity(0)
+    except ValueError:
+        return  # resolve_plan() reports the bad value, naming the variable
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
 class _Watcher:
     """Turns signals and the parent's death into shutdown requests, outside any signal handler."""
 
@@ -148,6 +164,8 @@ def run_engine_core(
     ``data_parallel_size > 1`` the engine is a ``DPEngineCoreProc``."""
     os.environ.update(env_overrides or {})
     _setup_child(sys_path or [], env or {}, log_level)
+    if config.parallel_config.data_parallel_size > 1:
+        _confine_to_bound_cpus()
     from .core_proc import EngineCoreProc
 
     proc_class: type[EngineCoreProc] = EngineCoreProc
