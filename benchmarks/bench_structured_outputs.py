@@ -3,6 +3,7 @@
     python benchmarks/bench_structured_outputs.py                       # tiny and ~30M Llama, xgrammar, 3 rounds
     python benchmarks/bench_structured_outputs.py --presets tiny --backend guidance --rounds 5
     python benchmarks/bench_structured_outputs.py --validity 200        # + the 200-sample validity check
+    python benchmarks/bench_structured_outputs.py --vllm-python /tmp/vllm-venv/bin/python   # + vLLM's CPU build
 
 The constrained run samples (temperature 1, whitespace disabled) ``--num-requests`` answers to a nested JSON schema;
 its per-request output lengths then fix the unconstrained run's (``max_tokens`` = that length, ``ignore_eos``), so
@@ -11,6 +12,13 @@ constraint: grammar compilation (one schema, so one compile, cached), the bitmas
 application before sampling and the matcher advanced per token. A warm-up round goes first; the variants then
 alternate for ``--rounds`` rounds and medians are reported (a shared machine swings by 15%). Overhead =
 unconstrained tokens/s / constrained tokens/s - 1 (target: <= 15%).
+
+``--vllm-python PATH`` also runs the same workload on vLLM (float32, in-process engine like vllite here, the same
+backend, prompts, schema, seeds and ``max_tokens`` cap; its unconstrained run takes the lengths of vLLM's own
+constrained run) in a child process whose rounds alternate with vllite's, and reports vLLM's tokens/s both ways,
+its overhead and the vllite/vLLM ratios. The child drops the ``vllm.logits_processors`` entry points before vLLM
+loads (vLLM has no setting for that): vllite's example plugin ``vllite-force-token`` registers one there, and vLLM
+would otherwise run it on every step.
 
 ``--validity N`` also samples N outputs per constraint kind (JSON schema, regex, choice, EBNF grammar) with each
 builtin backend and counts those that are not valid (strict ``json.loads`` + ``jsonschema``, ``re.fullmatch``,
@@ -24,6 +32,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -52,6 +61,110 @@ SCHEMA = {
 }
 
 
+_VLLM_CHILD = r"""
+import importlib.metadata, json, sys, time
+
+_entry_points = importlib.metadata.entry_points
+
+
+def entry_points(**params):  # vllite's example plugin would be loaded as a vLLM logits processor: keep it out
+    if params.get("group") == "vllm.logits_processors":  # how vLLM looks them up
+        return _entry_points(group="vllite.no-such-group")
+    return _entry_points(**params)
+
+
+importlib.metadata.entry_points = entry_points
+
+from vllm import LLM, SamplingParams
+from vllm.sampling_params import StructuredOutputsParams
+from vllm.v1.sample.logits_processor import _load_logitsprocs_plugins
+
+assert not _load_logitsprocs_plugins()
+cfg = json.loads(sys.argv[1])
+llm = LLM(model=cfg["model"], dtype="float32", max_model_len=512, max_num_seqs=cfg["max_num_seqs"], seed=0,
+          gpu_memory_utilization=0.25,  # on CPU: the share of RAM for the KV cache (default 0.92)
+          structured_outputs_config={"backend": cfg["backend"], "disable_any_whitespace": True})
+prompts = [f"Record {i}:" for i in range(cfg["num_requests"])]
+constraint = StructuredOutputsParams(json=cfg["schema"], disable_any_whitespace=True)
+constrained = [SamplingParams(temperature=1.0, seed=i, max_tokens=cfg["max_tokens"], structured_outputs=constraint)
+               for i in range(len(prompts))]
+plain = None
+print("READY", flush=True)
+for line in sys.stdin:
+    kind = json.loads(line)
+    start = time.perf_counter()
+    outs = llm.generate(prompts, constrained if kind == "constrained" else plain, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    outs = [o.outputs[0] for o in outs]
+    lengths = [len(o.token_ids) for o in outs]
+    if plain is None:  # the first constrained run fixes the unconstrained lengths
+        plain = [SamplingParams(temperature=1.0, seed=i, max_tokens=n, ignore_eos=True) for i, n in enumerate(lengths)]
+    valid = 0
+    for o in outs:
+        try:
+            json.loads(o.text)
+            valid += 1
+        except ValueError:
+            pass
+    result = {"seconds": elapsed, "tokens": sum(lengths), "stopped": sum(o.finish_reason == "stop" for o in outs),
+              "strict_json": valid}
+    print("RESULT", json.dumps(result), flush=True)
+"""
+
+
+class VllmChild:
+    """vLLM's offline ``LLM`` in a child process running ``--vllm-python``; one workload per request."""
+
+    def __init__(self, path: str, args: argparse.Namespace) -> None:
+        cfg = {
+            "model": path,
+            "backend": args.backend,
+            "schema": SCHEMA,
+            "num_requests": args.num_requests,
+            "max_tokens": args.max_tokens,
+            "max_num_seqs": args.max_num_seqs,
+        }
+        env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+        self.log = None if args.verbose_peers else tempfile.TemporaryFile("w+")  # noqa: SIM115 (kept open while the child runs)
+        self.child = subprocess.Popen(
+            [args.vllm_python, "-c", _VLLM_CHILD, json.dumps(cfg)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            env=env,
+        )
+        self._expect("READY")
+
+    def _expect(self, tag: str) -> str:
+        assert self.child.stdout is not None
+        for line in self.child.stdout:
+            if line.startswith(tag):
+                return line[len(tag) :].strip()
+        code = self.child.wait()
+        errors = ["see its log (--verbose-peers)"]
+        if self.log is not None:
+            self.log.seek(0)
+            errors = [line.strip() for line in self.log if "Error" in line] or errors
+        raise RuntimeError(f"vLLM's child exited (code {code}): {errors[-1]}")
+
+    def __call__(self, kind: str) -> dict:
+        assert self.child.stdin is not None
+        self.child.stdin.write(json.dumps(kind) + "\n")
+        self.child.stdin.flush()
+        return json.loads(self._expect("RESULT"))
+
+    def close(self) -> None:
+        if self.child.stdin is not None:
+            self.child.stdin.close()
+        try:
+            self.child.wait(60)
+        except subprocess.TimeoutExpired:
+            self.child.kill()
+        if self.log is not None:
+            self.log.close()
+
+
 def run(llm, prompts, params) -> tuple[float, list]:
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -59,7 +172,7 @@ def run(llm, prompts, params) -> tuple[float, list]:
 
 
 def bench_model(path: str, args: argparse.Namespace) -> dict:
-    """Median tokens/s of the constrained and the unconstrained runs on one model."""
+    """Median tokens/s of the constrained and the unconstrained runs on one model (and on vLLM, if asked)."""
     from vllite import LLM, SamplingParams
     from vllite.structured_output import StructuredOutputsParams
 
@@ -80,24 +193,64 @@ def bench_model(path: str, args: argparse.Namespace) -> dict:
     plain = [SamplingParams(temperature=1.0, seed=i, max_tokens=n, ignore_eos=True) for i, n in enumerate(lengths)]
     run(llm, prompts, plain)
     tokens = sum(lengths)
-    rates: dict[str, list[float]] = {"constrained": [], "unconstrained": []}
+    vllm, vllm_error, vllm_first = None, None, {}
+    if args.vllm_python:
+        try:
+            vllm = VllmChild(path, args)
+            vllm_first = vllm("constrained")  # warm-up; also fixes vLLM's unconstrained lengths
+            vllm("unconstrained")
+        except RuntimeError as e:  # e.g. its CPU attention has no kernel for the tiny model's head size (16)
+            vllm, vllm_error = None, str(e)
+            print(f"  vLLM skipped: {e}", file=sys.stderr, flush=True)
+    rates: dict[str, list[float]] = {k: [] for k in ("constrained", "unconstrained")}
+    rates |= {f"vllm_{k}": [] for k in ("constrained", "unconstrained")} if vllm is not None else {}
     stopped = 0
-    for _ in range(args.rounds):
-        seconds, outs = run(llm, prompts, constrained)
-        stopped = sum(o.finish_reason == "stop" for o in outs)
-        rates["constrained"].append(sum(len(o.token_ids) for o in outs) / seconds)
-        seconds, outs = run(llm, prompts, plain)
-        rates["unconstrained"].append(sum(len(o.token_ids) for o in outs) / seconds)
-    llm.llm_engine.shutdown()
+    vllm_last: dict = {}
+    try:
+        for i in range(args.rounds):
+            seconds, outs = run(llm, prompts, constrained)
+            stopped = sum(o.finish_reason == "stop" for o in outs)
+            rates["constrained"].append(sum(len(o.token_ids) for o in outs) / seconds)
+            seconds, outs = run(llm, prompts, plain)
+            rates["unconstrained"].append(sum(len(o.token_ids) for o in outs) / seconds)
+            if vllm is not None:
+                for kind in ("constrained", "unconstrained"):
+                    vllm_last[kind] = vllm(kind)
+                    rates[f"vllm_{kind}"].append(vllm_last[kind]["tokens"] / vllm_last[kind]["seconds"])
+            line = {k: round(v[-1], 1) for k, v in rates.items() if v}
+            print(f"  round {i + 1}: {json.dumps(line)} tokens/s", file=sys.stderr, flush=True)
+    finally:
+        if vllm is not None:
+            vllm.close()
+        llm.llm_engine.shutdown()
     constrained_rate = statistics.median(rates["constrained"])
     plain_rate = statistics.median(rates["unconstrained"])
-    return {
+    result = {
         "output_tokens": tokens,
         "constrained_tok_s": round(constrained_rate, 1),
         "unconstrained_tok_s": round(plain_rate, 1),
         "overhead": round(plain_rate / constrained_rate - 1, 3),
         "finished_with_stop": f"{stopped}/{args.num_requests}",
     }
+    if vllm_error is not None:
+        result["vllm"] = vllm_error
+    if vllm is not None:
+        vllm_constrained = statistics.median(rates["vllm_constrained"])
+        vllm_plain = statistics.median(rates["vllm_unconstrained"])
+        last = vllm_last["constrained"]
+        result["vllm"] = {
+            "output_tokens": vllm_first["tokens"],
+            "constrained_tok_s": round(vllm_constrained, 1),
+            "unconstrained_tok_s": round(vllm_plain, 1),
+            "overhead": round(vllm_plain / vllm_constrained - 1, 3),
+            "finished_with_stop": f"{last['stopped']}/{args.num_requests}",
+            "strict_json_loads_ok": f"{last['strict_json']}/{args.num_requests}",
+        }
+        result["vllite_over_vllm"] = {
+            "constrained": round(constrained_rate / vllm_constrained, 2),
+            "unconstrained": round(plain_rate / vllm_plain, 2),
+        }
+    return result
 
 
 def validity(path: str, n: int, lax: bool) -> dict:
@@ -136,11 +289,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--validity", type=int, default=0, help="also check N samples per constraint and backend")
     parser.add_argument("--lax-xgrammar", action="store_true", help="validity without the strict-JSON rewrite")
+    parser.add_argument("--vllm-python", default=None, help="a python with vLLM installed: also run vLLM")
+    parser.add_argument("--verbose-peers", action="store_true", help="show the vLLM child's log")
     args = parser.parse_args()
 
     from vllite.testing.models import make_model, make_tiny_model_dir_cached
 
-    results: dict = {"backend": args.backend, "num_requests": args.num_requests}
+    results: dict = {"backend": args.backend, "num_requests": args.num_requests, "load_before": os.getloadavg()}
     with tempfile.TemporaryDirectory() as tmp:
         for preset in filter(None, args.presets.split(",")):
             path = str(make_model(Path(tmp) / preset, preset=preset))
@@ -148,6 +303,7 @@ def main() -> None:
             print(json.dumps({preset: results[preset]}), flush=True)
     if args.validity:
         results["validity"] = validity(str(make_tiny_model_dir_cached("llama")), args.validity, args.lax_xgrammar)
+    results["load_after"] = os.getloadavg()
     print(json.dumps(results, indent=2))
 
 
