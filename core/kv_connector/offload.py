@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vllite.kv_connector.base import KVConnectorBase, KVConnectorMetadata, KVConnectorOutput, KVConnectorRole
-from vllite.kv_connector.shared_storage import NULL_BLOCK_ID, prefix_block_names
+from vllite.kv_connector.shared_storage import NULL_BLOCK_ID, prefix_block_names, rewind_saves
 
 if TYPE_CHECKING:
     import torch
@@ -199,10 +199,7 @@ class OffloadConnector(KVConnectorBase):
         invalid = connector_output.invalid_block_ids
         if not invalid:
             return
-        for tracked in self._tracked.values():
-            first = next((i for i, b in enumerate(tracked.block_ids) if b in invalid), None)
-            if first is not None:
-                tracked.saved_blocks = min(tracked.saved_blocks, first)
+        rewind_saves(self._tracked.values(), invalid)
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         """Saves are copied within their step, so the blocks are free to go at once."""

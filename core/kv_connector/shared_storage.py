@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,6 +50,15 @@ def _transfer(req_id: str, block_ids: list[int], names: list[str]) -> BlockTrans
 
     pairs = [(b, n) for b, n in zip(block_ids, names) if b != NULL_BLOCK_ID]
     return BlockTransfer(req_id, [b for b, _ in pairs], [n for _, n in pairs])
+
+
+def rewind_saves(tracked: Iterable[Any], invalid: set[int]) -> None:
+    """Blocks that failed to load are recomputed: each request's saves restart at its first such block
+    (``tracked`` items have ``block_ids`` and ``saved_blocks``; shared by the block-saving connectors)."""
+    for entry in tracked:
+        first = next((i for i, b in enumerate(entry.block_ids) if b in invalid), None)
+        if first is not None:
+            entry.saved_blocks = min(entry.saved_blocks, first)
 
 
 @dataclass
@@ -210,10 +220,7 @@ class SharedStorageConnector(KVConnectorBase):
         invalid = connector_output.invalid_block_ids
         if not invalid:
             return
-        for tracked in self._tracked.values():
-            first = next((i for i, b in enumerate(tracked.block_ids) if b in invalid), None)
-            if first is not None:
-                tracked.saved_blocks = min(tracked.saved_blocks, first)
+        rewind_saves(self._tracked.values(), invalid)
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         """Saves finish within their step, so the blocks are free to go at once."""
