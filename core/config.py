@@ -159,6 +159,9 @@ class ParallelConfig:
     dp_routing: str = "load"
     #: Engines step in lockstep waves (stands in for MoE expert parallelism): idle ones run dummy steps.
     dp_lockstep: bool = False
+    #: A dead engine's requests are re-submitted to a live one (continuing from the tokens they had) instead of
+    #: failing.
+    dp_retry: bool = False
     #: CPUs each engine reserves in its Ray placement-group bundle (the ray backend).
     dp_cpus_per_engine: float = 1.0
 
@@ -381,6 +384,13 @@ class EngineArgs:
     dp_lockstep: bool = field(
         default=False, metadata=_help("Data-parallel engines step in lockstep waves (as MoE expert parallelism).")
     )
+    dp_retry: bool = field(
+        default=False,
+        metadata=_help(
+            "Data parallel: re-submit a dead engine's requests to a live engine, continuing from the tokens they "
+            "had, instead of failing them."
+        ),
+    )
     dp_cpus_per_engine: float = field(
         default=1.0, metadata=_help("CPUs each data-parallel engine reserves on its Ray node (the ray backend).")
     )
@@ -472,6 +482,7 @@ class EngineArgs:
                 data_parallel_backend=self.data_parallel_backend,
                 dp_routing=self.dp_routing,
                 dp_lockstep=self.dp_lockstep,
+                dp_retry=self.dp_retry,
                 dp_cpus_per_engine=self.dp_cpus_per_engine,
             ),
             observability_config=ObservabilityConfig(log_stats=not self.disable_log_stats),
@@ -520,6 +531,11 @@ class EngineArgs:
             )
         if not self.dp_cpus_per_engine > 0:
             raise ValueError(f"dp_cpus_per_engine must be > 0, got {self.dp_cpus_per_engine}.")
+        if self.dp_retry and self.dp_lockstep:
+            raise ValueError(
+                "dp_retry cannot be combined with dp_lockstep: lockstep engines share one collective, so a dead "
+                "engine stops them all and there is no live engine to continue on."
+            )
         if self.dp_routing not in DP_ROUTINGS:
             raise ValueError(f"dp_routing must be one of {', '.join(DP_ROUTINGS)}, got {self.dp_routing!r}.")
         for name in ("block_size", "max_num_seqs", "batch_queue_depth", "data_parallel_size"):

@@ -120,3 +120,62 @@ def test_async_llm_streams_on_a_killed_engine_raise_engine_dead():
         llm.shutdown()
     assert results[0::2] == ["done:80"] * 3
     assert all(r.startswith("dead:") and "engine core 1 died" in r for r in results[1::2])
+
+
+def test_dp_retry_continues_a_dead_engines_requests_on_the_live_one():
+    client = _dp_client(step_delay_s=0.01, max_num_seqs=64, dp_retry=True)
+    pids = [engine.resources.proc.pid for engine in client.engines]
+    try:
+        col = Collector(client)
+        for i in range(30):
+            client.add_request(request(f"r{i}", max_tokens=60))
+        client.add_request(request("pinned", max_tokens=60, extra_args={"data_parallel_rank": 1}))
+        owners = {f"r{i}": client.router.owner(f"r{i}") for i in range(30)}
+        moved = [r for r, e in owners.items() if e == 1]
+        col.until(lambda: all(len(col.tokens.get(r, [])) >= 3 for r in moved))
+        os.kill(pids[1], signal.SIGKILL)
+        col.until_finished(*owners, "pinned")
+        # The fake model's token is 1000 + its position, so a continuation that lost or repeated a token shows.
+        assert all(col.finish[r] == FinishReason.LENGTH and col.tokens[r] == expected_tokens(4, 60) for r in owners)
+        assert all(client.router.owner(r) is None for r in owners)
+        # A request that names the dead engine's rank cannot continue elsewhere.
+        assert col.finish["pinned"] == FinishReason.ERROR and "engine core 1 died" in col.errors["pinned"]
+        assert client.dead_engines == {1}
+    finally:
+        client.shutdown()
+    assert all(_gone(pid) for pid in pids)
+
+
+def test_dp_retry_through_async_llm_streams_without_a_gap():
+    from vllite.plugins.engine_proc.async_llm import AsyncLLM
+    from vllite.sampling_params import RequestOutputKind, SamplingParams
+
+    llm = AsyncLLM(config=make_config(step_delay_s=0.01, data_parallel_size=2, dp_retry=True))
+    params = SamplingParams(max_tokens=50, ignore_eos=True, temperature=0.0, output_kind=RequestOutputKind.DELTA)
+
+    killed: list[int] = []
+
+    async def one(i: int) -> list[int]:
+        tokens: list[int] = []
+        async for out in llm.generate({"prompt_token_ids": [1, 2, 3, 4]}, params, f"a{i}"):
+            tokens.extend(out.outputs[0].token_ids)
+            if i == 1 and len(tokens) >= 5 and not killed:
+                owned = llm.engine_core.router.group_by_owner(llm.output_processor.request_states)
+                killed.append(next(engine for engine, ids in owned.items() if any(r.startswith("a1-") for r in ids)))
+                os.kill(llm.engine_core.engines[killed[0]].resources.proc.pid, signal.SIGKILL)
+        return tokens
+
+    async def main() -> list[list[int]]:
+        return await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(6))), timeout=30)
+
+    try:
+        results = asyncio.run(main())
+        assert llm.engine_core.dead_engines == set(killed)
+    finally:
+        llm.shutdown()
+    assert results == [expected_tokens(4, 50)] * 6
+
+
+def test_dp_retry_and_lockstep_are_refused_together():
+    with pytest.raises(ValueError, match="dp_retry cannot be combined with dp_lockstep"):
+        make_config(data_parallel_size=2, dp_retry=True, dp_lockstep=True)

@@ -113,6 +113,28 @@ def test_killing_one_actor_fails_its_requests_and_the_other_serves_on(cluster):
     _assert_nothing_left(client, pids)
 
 
+def test_dp_retry_continues_a_killed_actors_requests_on_the_other(cluster):
+    from vllite.plugins.ray_dp.client import SyncRayDPClient
+
+    config = make_config(data_parallel_size=2, data_parallel_backend="ray", step_delay_s=0.01, dp_retry=True)
+    client = SyncRayDPClient(config)
+    pids = [engine.resources.proc.pid for engine in client.engines]
+    try:
+        col = Collector(client)
+        for i in range(20):
+            client.add_request(request(f"r{i}", max_tokens=60))
+        owners = {f"r{i}": client.router.owner(f"r{i}") for i in range(20)}
+        moved = [r for r, e in owners.items() if e == 1]
+        col.until(lambda: all(len(col.tokens.get(r, [])) >= 3 for r in moved))
+        ray.kill(client.engines[1].resources.proc.actor, no_restart=True)
+        col.until_finished(*owners)
+        assert all(col.finish[r] == FinishReason.LENGTH and col.tokens[r] == expected_tokens(4, 60) for r in owners)
+        assert client.dead_engines == {1}
+    finally:
+        client.shutdown()
+    _assert_nothing_left(client, pids)
+
+
 def test_no_ray_backend_without_ray_is_a_clear_error(monkeypatch):
     import importlib.util
 

@@ -11,8 +11,8 @@ sockets, handshake, output thread and death watch) with a ``DPRouter``:
   once and their answers are combined (``combine_results``); shutdown stops every engine and removes every socket;
 * an engine that dies is marked dead: its requests in flight end with ``EngineDeadError`` (a ``RequestsFailed``
   notice in the stream: ``get_output()`` turns it into finished ``error`` outputs naming the cause, ``AsyncLLM``
-  raises it in each of those streams), new work goes to the others, and once none is left every call raises
-  ``EngineDeadError``.
+  raises it in each of those streams), or with ``--dp-retry`` continue on a live engine (``dp_retry``); new work
+  goes to the others, and once none is left every call raises ``EngineDeadError``.
 
 How engines are started is the backend's part (``_start_engines``): local processes here, Ray actors in
 ``vllite.plugins.ray_dp``.
@@ -24,13 +24,11 @@ import asyncio
 import dataclasses
 import logging
 import queue
-import threading
 import weakref
 from abc import abstractmethod
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -39,102 +37,23 @@ from vllite.config import EngineConfig
 from vllite.engine.core_client import EngineCoreClient
 from vllite.exceptions import EngineClientClosedError, EngineClientUsageError, EngineDeadError
 from vllite.protocol import (
-    EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,
     EngineCoreRequestType,
-    FinishReason,
 )
+from vllite.serial import MsgpackEncoder
 
 from .async_client import _LoopWaker
 from .client import MPClient
 from .dp_engines import Sink, start_local_engines, stop_engines
 from .dp_group import GROUP_ADDRESS_KEY, free_group_address
+from .dp_retry import RetryLedger
 from .dp_router import DPRouter
+from .dp_stream import DPResources, RequestsFailed, StreamItem, make_merged_sink
 from .dp_waves import WaveCoordinator
 from .utils import PLUGIN_KEY
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class RequestsFailed:
-    """In the merged stream: engine ``engine_index`` died and these requests, which it owned, failed with
-    ``error``."""
-
-    engine_index: int
-    request_ids: list[str]
-    error: EngineDeadError
-
-    def as_outputs(self) -> EngineCoreOutputs:
-        """The failure as finished ``error`` outputs (how the synchronous frontend reports a failed request)."""
-        message = f"EngineDeadError: {self.error}"
-        outputs = [
-            EngineCoreOutput(rid, [], finish_reason=FinishReason.ERROR, error=message) for rid in self.request_ids
-        ]
-        return EngineCoreOutputs(engine_index=self.engine_index, outputs=outputs)
-
-
-StreamItem = EngineCoreOutputs | RequestsFailed | BaseException
-
-
-@dataclass
-class DPResources:
-    """The client-wide state the frontends read (``closed``, ``engine_dead``: every engine is dead)."""
-
-    num_engines: int
-    closed: bool = False
-    engine_dead: bool = False
-    dead_message: str | None = None
-    dead_engines: set[int] = field(default_factory=set)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def dead_error(self) -> EngineDeadError:
-        """The error every call raises once no engine is left."""
-        return EngineDeadError(self.dead_message or "Every data-parallel engine core is dead.", suppress_context=True)
-
-
-def make_merged_sink(
-    engine: int,
-    router: DPRouter,
-    state: DPResources,
-    deliver: Callable[[StreamItem], None],
-    waves: WaveCoordinator | None = None,
-    broadcast: Callable[[], Callable[[int, int], None] | None] | None = None,
-) -> Sink:
-    """The output sink of engine ``engine``: feeds the router, the wave state (lockstep: ``broadcast()`` gives the
-    client's ``START_DP_WAVE`` sender, or None once it is gone) and the merged stream; on the engine's death,
-    fails the requests it owned (and, with no engine left, ends the stream). Refers to no client object."""
-
-    def sink(item: EngineCoreOutputs | BaseException) -> None:
-        if isinstance(item, EngineCoreOutputs):
-            router.on_outputs(engine, item)
-            if waves is not None and (item.wave_complete is not None or item.start_wave is not None):
-                started = waves.on_outputs(item)
-                send = broadcast() if broadcast is not None else None
-                if started is not None and send is not None:
-                    send(started, engine)
-            deliver(item)
-            return
-        if isinstance(item, EngineClientClosedError):
-            return  # this engine is being shut down with the client, which delivers its own notice
-        with state.lock:
-            if engine in state.dead_engines:
-                return
-            state.dead_engines.add(engine)
-            all_dead = len(state.dead_engines) == state.num_engines
-            if all_dead:
-                state.engine_dead = True
-                state.dead_message = f"Every data-parallel engine core is dead; the last, engine {engine}: {item}"
-        failed = router.mark_dead(engine)
-        error = EngineDeadError(f"Data-parallel engine core {engine} died: {item}", suppress_context=True)
-        logger.error("%s; %d of its requests failed", error, len(failed))
-        if failed:
-            deliver(RequestsFailed(engine, failed, error))
-        if all_dead:
-            deliver(state.dead_error())
-
-    return sink
 
 
 def with_group_address(config: EngineConfig, address: str) -> EngineConfig:
@@ -171,12 +90,15 @@ class DPClient(EngineCoreClient):
         self.resources = DPResources(self.num_engines)
         self.router = DPRouter(self.num_engines, routing=parallel.dp_routing, block_size=config.cache_config.block_size)
         self.waves = WaveCoordinator() if parallel.dp_lockstep else None
+        self.retry_ledger = RetryLedger() if parallel.dp_retry else None
         if self.waves is not None:
             config = with_group_address(config, free_group_address())
         deliver = self._make_deliver()
         broadcast = weakref.WeakMethod(self._broadcast_wave)
+        resubmit = weakref.WeakMethod(self._resubmit) if self.retry_ledger is not None else None
+        ledger = self.retry_ledger
         sinks = [
-            make_merged_sink(i, self.router, self.resources, deliver, self.waves, broadcast)
+            make_merged_sink(i, self.router, self.resources, deliver, self.waves, broadcast, ledger, resubmit)
             for i in range(self.num_engines)
         ]
         try:
@@ -210,12 +132,16 @@ class DPClient(EngineCoreClient):
         self.ensure_alive()
         engine = self.router.route(request)
         starts_wave = self.waves is not None and self.waves.stamp(request)
+        if self.retry_ledger is not None:
+            self.retry_ledger.add(request)
         try:
             self.engines[engine]._send_input(EngineCoreRequestType.ADD, request)
         except EngineDeadError:
-            pass  # the engine's output thread handles its death: this request fails with its others
+            pass  # the engine's output thread handles its death: this request fails (or continues) with its others
         except BaseException:
             self.router.forget(request.request_id)
+            if self.retry_ledger is not None:
+                self.retry_ledger.forget([request.request_id])
             raise
         if starts_wave:
             self._broadcast_wave(request.current_wave, engine)
@@ -231,10 +157,38 @@ class DPClient(EngineCoreClient):
                 except (EngineDeadError, EngineClientClosedError):
                     continue
 
+    def _resubmit(self, request_ids: list[str]) -> list[str]:
+        """``--dp-retry``: sends each request of a dead engine on to a live one, continuing from its tokens so far;
+        returns the ids that could not continue. Runs on the dead engine's output thread, so it has its own
+        encoder."""
+        assert self.retry_ledger is not None
+        encoder, failed = MsgpackEncoder(), []
+        for request_id in request_ids:
+            request = self.retry_ledger.continuation(request_id)
+            if request is None or self.resources.closed:
+                failed.append(request_id)
+                continue
+            try:
+                engine = self.router.route(request)
+            except EngineDeadError:
+                failed.append(request_id)
+                continue
+            try:
+                self.engines[engine]._send_frames(EngineCoreRequestType.ADD, encoder.encode(request))
+                if request_id not in self.retry_ledger:  # aborted meanwhile: its abort found no owner
+                    self.engines[engine]._send_frames(EngineCoreRequestType.ABORT, encoder.encode([request_id]))
+            except (EngineDeadError, EngineClientClosedError):
+                self.router.forget(request_id)
+                failed.append(request_id)
+        self.retry_ledger.forget(failed)
+        return failed
+
     def abort_requests(self, request_ids: list[str]) -> None:
         """Aborts each request on the engine that owns it; unknown or finished ids are ignored."""
         if not request_ids or self.resources.closed:
             return
+        if self.retry_ledger is not None:
+            self.retry_ledger.forget(request_ids)
         for engine, ids in self.router.group_by_owner(request_ids).items():
             try:
                 self.engines[engine].abort_requests(ids)
