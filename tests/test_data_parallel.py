@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import time
 from typing import Any
 
 import pytest
@@ -172,6 +173,48 @@ def test_serve_dp2_through_the_openai_client(case):
                 },
             )
             assert response.choices[0].model_extra["token_ids"] == expected[i]
+        # vLLM's X-data-parallel-rank header names the engine too; a bad one is a 400 naming the problem.
+        model = client.models.list().data[0].id
+        for i in (4, 5, 6):
+            response = client.completions.create(
+                model=model,
+                prompt=prompts[i],
+                max_tokens=MAX_TOKENS,
+                temperature=0,
+                extra_body={"return_token_ids": True, "ignore_eos": True},
+                extra_headers={"X-data-parallel-rank": "1"},
+            )
+            assert response.choices[0].model_extra["token_ids"] == expected[i]
+        deadline = time.monotonic() + 10  # the frontend records a request's stats as its last output arrives
+        while _finished_per_engine(server.url) != {"0": 2, "1": 5}:
+            assert time.monotonic() < deadline, _finished_per_engine(server.url)
+            time.sleep(0.05)
+        bad_headers = (("one", "X-data-parallel-rank must be an integer"), ("2", r"must be an integer in \[0, 2\)"))
+        for value, message in bad_headers:
+            with pytest.raises(openai.BadRequestError, match=message):
+                client.chat.completions.create(
+                    model=model,
+                    messages=[{"role": "user", "content": "hi"}],
+                    max_tokens=2,
+                    extra_headers={"X-data-parallel-rank": value},
+                )
+
+
+def _finished_per_engine(url: str) -> dict[str, int]:
+    """``vllite:request_success_total`` per ``engine`` label, from the server's ``/metrics``."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"{url}/metrics") as response:
+        text = response.read().decode()
+    counts: dict[str, int] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "vllite:request_success_total" and sample.value:
+                engine = sample.labels["engine"]
+                counts[engine] = counts.get(engine, 0) + int(sample.value)
+    return counts
 
 
 def _is_zombie(pid: int) -> bool:

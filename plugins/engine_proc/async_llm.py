@@ -120,6 +120,13 @@ class AsyncLLM:
             raise EngineClientClosedError("AsyncLLM has been shut down.")
         self._ensure_output_handler()
         params = params or self.frontend.default_sampling_params()
+        size = self.config.parallel_config.data_parallel_size
+        if data_parallel_rank is not None and (
+            isinstance(data_parallel_rank, bool)
+            or not isinstance(data_parallel_rank, int)
+            or not 0 <= data_parallel_rank < size
+        ):
+            raise ValueError(f"data_parallel_rank must be an integer in [0, {size}), got {data_parallel_rank!r}.")
         queue = RequestOutputCollector(output_kind=params.output_kind)
         for request in self.frontend.prepare(
             request_id, prompt, params, arrival_time=arrival_time, priority=priority, queue=queue

@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from vllite.exceptions import BadRequestError
+from vllite.exceptions import BadRequestError, VlliteError
 from vllite.plugins.openai_server.context import ServerContext
 from vllite.plugins.openai_server.errors import UnauthorizedError, classify, error_response
 from vllite.plugins.openai_server.event_stream import EventStream, EventStreamResponse
@@ -56,6 +56,16 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
         return json_response(error_response(exc.status_code, str(exc.detail)), exc.status_code)
+
+    async def expected_error(_: Request, exc: Exception) -> Response:
+        status, body = classify(exc)
+        return json_response(body, status)
+
+    # Errors a route raises on purpose are answered here, by the app: an ``Exception`` handler alone runs in
+    # Starlette's outermost middleware, which re-raises after answering, so uvicorn would log a traceback and drop
+    # the keep-alive connection under the client (the openai client sees "Connection reset by peer").
+    for expected in (VlliteError, ValueError, TypeError):
+        app.add_exception_handler(expected, expected_error)
 
     @app.exception_handler(Exception)
     async def any_error(_: Request, exc: Exception) -> Response:
@@ -146,16 +156,34 @@ def _v1_router(ctx: ServerContext) -> APIRouter:
         from vllite.plugins.openai_server.completions import create_completion
 
         _check_alive(ctx)
-        return _respond(await cancel_on_disconnect(request, create_completion(ctx, body)))
+        rank = data_parallel_rank_header(request)
+        return _respond(await cancel_on_disconnect(request, create_completion(ctx, body, data_parallel_rank=rank)))
 
     @router.post("/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         from vllite.plugins.openai_server.chat import create_chat_completion
 
         _check_alive(ctx)
-        return _respond(await cancel_on_disconnect(request, create_chat_completion(ctx, body)))
+        rank = data_parallel_rank_header(request)
+        chat = create_chat_completion(ctx, body, data_parallel_rank=rank)
+        return _respond(await cancel_on_disconnect(request, chat))
 
     return router
+
+
+#: vLLM's header naming the data-parallel engine a request must go to.
+DP_RANK_HEADER = "X-data-parallel-rank"
+
+
+def data_parallel_rank_header(request: Request) -> int | None:
+    """The engine rank the ``X-data-parallel-rank`` header names (None without the header)."""
+    value = request.headers.get(DP_RANK_HEADER)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise BadRequestError(f"{DP_RANK_HEADER} must be an integer, got {value!r}.", param=DP_RANK_HEADER) from None
 
 
 def _check_alive(ctx: ServerContext) -> None:

@@ -48,9 +48,10 @@ from vllite.plugins.openai_server.tool_choice import ToolMode, resolve_tool_mode
 
 
 async def create_chat_completion(
-    ctx: ServerContext, request: ChatCompletionRequest
+    ctx: ServerContext, request: ChatCompletionRequest, *, data_parallel_rank: int | None = None
 ) -> ChatCompletionResponse | EventStream:
-    """The response body, or (``stream``) its SSE events; raises ``BadRequestError`` before anything is submitted."""
+    """The response body, or (``stream``) its SSE events; raises ``BadRequestError`` before anything is submitted.
+    ``data_parallel_rank``: the engine the ``X-data-parallel-rank`` header names."""
     model = ctx.check_model(request.model)
     check_common_fields(request, max_logprobs=ctx.max_logprobs)
     if request.top_logprobs is not None and not request.logprobs:
@@ -73,7 +74,9 @@ async def create_chat_completion(
     )
     request_id = request.request_id or random_id("chatcmpl-")
     ctx.log_prompt(request_id, prompt_ids, params)
-    submitted = await submit(ctx.engine, request_id, [prompt_ids], params, priority=request.priority)
+    submitted = await submit(
+        ctx.engine, request_id, [prompt_ids], params, priority=request.priority, data_parallel_rank=data_parallel_rank
+    )
     if request.stream:
         events = _stream(ctx, request, mode, submitted, request_id, model)
         return EventStream(events, submitted.abort_unfinished)

@@ -44,8 +44,11 @@ def normalize_prompts(prompt: Any) -> list[str | list[int]]:
     return list(prompt)
 
 
-async def create_completion(ctx: ServerContext, request: CompletionRequest) -> CompletionResponse | EventStream:
-    """The response body, or (``stream``) an iterator of SSE events; raises ``BadRequestError`` before submitting."""
+async def create_completion(
+    ctx: ServerContext, request: CompletionRequest, *, data_parallel_rank: int | None = None
+) -> CompletionResponse | EventStream:
+    """The response body, or (``stream``) an iterator of SSE events; raises ``BadRequestError`` before submitting.
+    ``data_parallel_rank``: the engine the ``X-data-parallel-rank`` header names."""
     model = ctx.check_model(request.model)
     check_common_fields(request, max_logprobs=ctx.max_logprobs)
     if request.best_of is not None and request.best_of != request.n:
@@ -69,7 +72,9 @@ async def create_completion(ctx: ServerContext, request: CompletionRequest) -> C
     if not request.add_special_tokens:
         prompts = [_encode_plain(ctx, p) if isinstance(p, str) else p for p in prompts]
     ctx.log_prompt(request_id, prompts, params)
-    submitted = await submit(ctx.engine, request_id, prompts, params, priority=request.priority)
+    submitted = await submit(
+        ctx.engine, request_id, prompts, params, priority=request.priority, data_parallel_rank=data_parallel_rank
+    )
     if request.stream:
         return EventStream(_stream(ctx, request, submitted, request_id, model), submitted.abort_unfinished)
     return await _collect(ctx, request, submitted, request_id, model)
