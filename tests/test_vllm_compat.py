@@ -106,6 +106,7 @@ def test_plugin_imports_get_the_same_objects_as_vllite():
     import vllite.builtin_logitsprocs as builtins
     import vllite.config
     import vllite.logits_processor as lp
+    import vllite.structured_output
     from vllite.logits_processor.slot_interface import SlotLogitsProcessor
 
     vllm_compat.activate()
@@ -114,6 +115,7 @@ def test_plugin_imports_get_the_same_objects_as_vllite():
     from vllm.exceptions import VLLMValidationError as ServedValidationError
     from vllm.logger import init_logger
     from vllm.sampling_params import SamplingParams as ServedSamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
     from vllm.tokenizers import cached_tokenizer_from_config
     from vllm.utils.torch_utils import async_tensor_h2d
     from vllm.v1.sample.logits_processor import (
@@ -137,6 +139,7 @@ def test_plugin_imports_get_the_same_objects_as_vllite():
     assert builtin.MinTokensLogitsProcessor is builtins.MinTokensLogitsProcessor
     assert VllmConfig is vllite.config.EngineConfig
     assert TopSamplingParams is ServedSamplingParams is SamplingParams
+    assert StructuredOutputsParams is vllite.structured_output.StructuredOutputsParams
     assert ServedValidationError is VLLMValidationError and issubclass(VLLMValidationError, ValueError)
     assert ServedSlotProcessor is SlotLogitsProcessor
     assert (LogitsContext, LogitsProcRequestState) == (lp.LogitsContext, lp.LogitsProcRequestState)

@@ -53,11 +53,13 @@ SERVED_MODULES: dict[str, dict[str, str]] = {
         "ParallelConfig": "vllite.config:ParallelConfig",
         "ObservabilityConfig": "vllite.config:ObservabilityConfig",
         "SpeculativeConfig": "vllite.config:SpeculativeConfig",
+        "StructuredOutputsConfig": "vllite.structured_output.params:StructuredOutputsConfig",
     },
     "vllm.sampling_params": {
         "SamplingParams": "vllite.sampling_params:SamplingParams",
         "RequestOutputKind": "vllite.sampling_params:RequestOutputKind",
         "SamplingType": "vllite.sampling_params:SamplingType",
+        "StructuredOutputsParams": "vllite.structured_output.params:StructuredOutputsParams",
     },
     "vllm.logger": {"init_logger": "vllite.vllm_compat.logger:init_logger"},
     "vllm.exceptions": {"VLLMValidationError": "vllite.exceptions:VLLMValidationError"},
