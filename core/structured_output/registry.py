@@ -7,13 +7,17 @@ Backends are plugins: ``vllite_register_structured_output_backends(register)`` c
 
 from __future__ import annotations
 
-from typing import cast
+import functools
+from typing import TYPE_CHECKING, cast
 
 import msgspec
 
 from vllite.exceptions import VlliteError
 from vllite.structured_output.backend import StructuredOutputBackend
 from vllite.structured_output.params import AUTO, StructuredOutputsConfig, StructuredOutputsParams
+
+if TYPE_CHECKING:
+    from vllite.structured_output.params import GrammarSpec
 
 #: The backends ``auto`` tries, in order.
 AUTO_ORDER = ("xgrammar", "guidance")
@@ -56,12 +60,22 @@ def validate_structured_outputs(
             cls = backend_class(name)
         except VlliteError as exc:  # a plugin failed to load
             raise ValueError(str(exc)) from None
-        try:
-            cls.validate(spec)
-        except ValueError as exc:
-            errors.append(str(exc))
+        error = _validation_error(cls, spec)
+        if error is not None:
+            errors.append(error)
             continue
         return msgspec.structs.replace(params, backend=name)
     if len(errors) == 1:
         raise ValueError(errors[0])
     raise ValueError("; ".join(errors))
+
+
+@functools.lru_cache(maxsize=1024)
+def _validation_error(cls: type[StructuredOutputBackend], spec: GrammarSpec) -> str | None:
+    """What ``cls`` says of ``spec`` (None: accepted). Cached: requests of a pipeline or an agent repeat one schema,
+    and converting it costs a compilation's front half on every submit."""
+    try:
+        cls.validate(spec)
+    except ValueError as exc:
+        return str(exc)
+    return None

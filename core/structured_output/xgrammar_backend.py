@@ -142,6 +142,8 @@ class XgrammarGrammar(StructuredOutputGrammar):
 
     def accept_tokens(self, token_ids: list[int]) -> bool:
         """Accepts the tokens one by one; False at the first refused one."""
+        if len(token_ids) == 1:  # every step of every constrained request without drafts
+            return self.matcher.accept_token(token_ids[0])
         return all(self.matcher.accept_token(token_id) for token_id in token_ids)
 
     def validate_tokens(self, token_ids: list[int]) -> list[int]:
