@@ -56,6 +56,7 @@ def _vllm_engine(model: str, args: dict):
         max_num_seqs=args["max_num_seqs"],
         max_num_batched_tokens=args["max_num_batched_tokens"],
         enable_prefix_caching=False,
+        gpu_memory_utilization=0.25,  # on CPU: the share of RAM for the KV cache (its default, 0.92, fails to start)
     )
 
     def run(prompts: list[list[int]], output_len: int) -> float:

@@ -120,11 +120,24 @@ class HFRunner:
 
 # The vLLM child: loads the model once, then times one generate() per JSON line of requests it reads.
 _VLLM_CHILD = r"""
-import json, sys, time
+import importlib.metadata, json, sys, time
+
+_entry_points = importlib.metadata.entry_points
+
+
+def entry_points(**params):  # vllite's example plugin would be loaded as a vLLM logits processor: keep it out
+    if params.get("group") == "vllm.logits_processors":
+        return _entry_points(group="vllite.no-such-group")
+    return _entry_points(**params)
+
+
+importlib.metadata.entry_points = entry_points
+
 from vllm import LLM, SamplingParams
 cfg = json.loads(sys.argv[1])
 llm = LLM(model=cfg["model"], dtype=cfg["dtype"], max_num_seqs=cfg["max_num_seqs"],
-          max_num_batched_tokens=cfg["max_num_batched_tokens"], max_model_len=cfg["max_model_len"], seed=0)
+          max_num_batched_tokens=cfg["max_num_batched_tokens"], max_model_len=cfg["max_model_len"], seed=0,
+          gpu_memory_utilization=cfg["kv_fraction"])  # on CPU: the share of RAM for the KV cache (default 0.92)
 llm.generate([{"prompt_token_ids": [11, 12, 13]}], SamplingParams(max_tokens=4), use_tqdm=False)
 print("READY", flush=True)
 for line in sys.stdin:
@@ -149,6 +162,7 @@ class VllmRunner:
             "max_num_seqs": args.max_num_seqs,
             "max_num_batched_tokens": args.max_num_batched_tokens,
             "max_model_len": args.max_model_len,
+            "kv_fraction": args.vllm_kv_fraction,
         }
         self.child = subprocess.Popen(
             [args.vllm_python, "-c", _VLLM_CHILD, json.dumps(cfg)],
@@ -200,6 +214,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="Alternating rounds per engine (medians reported).")
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--vllm-python", default=None, help="A python with vLLM installed: also run vLLM.")
+    parser.add_argument(
+        "--vllm-kv-fraction", type=float, default=0.25, help="vLLM's gpu_memory_utilization: its KV cache's RAM share."
+    )
     parser.add_argument("--verbose-peers", action="store_true", help="Show the vLLM child's log.")
     parser.add_argument("--quiet", action="store_true")
     parser.add_argument("--json", default=None, help="Also write the results to this JSON file.")
