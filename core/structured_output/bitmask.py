@@ -48,36 +48,11 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return banned
 
 
-@dataclass
-class BatchBitmask:
-    """A grammar bitmask lined up with a batch's logits: row ``i`` constrains logits row ``i``, for the ``rows``
-    listed (the constrained requests'); :meth:`apply_` sets the tokens it forbids to ``-inf`` in place, without
-    unpacking it to a boolean mask first."""
-
-    bitmask: torch.Tensor  # [batch, ceil(vocab / 32)] int32, on the logits' device
-    rows: list[int]
-
-    def apply_(self, logits: torch.Tensor) -> torch.Tensor:
-        """Masks ``logits`` ``[batch, vocab]`` in place (xgrammar's kernel: C++ on the CPU, CUDA on a GPU)."""
-        import xgrammar as xgr
-
-        xgr.apply_token_bitmask_inplace(logits, self.bitmask, indices=self.rows)
-        return logits
-
-
-def apply_token_mask(logits: torch.Tensor, mask: torch.Tensor | BatchBitmask) -> torch.Tensor:
-    """``logits`` with the grammar's forbidden tokens at ``-inf``: a ``BatchBitmask`` in place, a boolean mask
-    (True = banned, the speculative path's) into a new tensor."""
-    if isinstance(mask, BatchBitmask):
-        return mask.apply_(logits)
-    return logits.masked_fill(mask, float("-inf"))
-
-
 def batch_token_mask(
     grammar_output: GrammarOutput | Future | None, req_ids: list[str], vocab_size: int, device: torch.device
-) -> BatchBitmask | None:
-    """The grammar bitmask of a batch of one sampled token per request (``vocab_size``: the logits' width), or
-    ``None`` when no request of the batch is constrained."""
+) -> torch.Tensor | None:
+    """The banned-token mask ``[len(req_ids), vocab_size]`` (True = banned) for a batch of one sampled token per
+    request, or ``None`` when no request of the batch is constrained."""
     import torch
 
     output = resolve_grammar_output(grammar_output)
@@ -87,16 +62,10 @@ def batch_token_mask(
     batch_rows = [i for i, req_id in enumerate(req_ids) if req_id in to_row]
     if not batch_rows:
         return None
-    source = output.grammar_bitmask
-    # Words past the bitmask's width (logits wider than the grammar's vocabulary) stay 0: those tokens are banned.
-    aligned = torch.zeros(len(req_ids), (vocab_size + 31) // 32, dtype=torch.int32)
-    width = min(aligned.shape[1], source.shape[1])
-    if len(batch_rows) == len(req_ids) and all(to_row[req_id] == i for i, req_id in enumerate(req_ids)):
-        aligned[:, :width] = source[: len(req_ids), :width]  # the usual case: the fill used the batch's order
-    else:
-        source_rows = torch.tensor([to_row[req_ids[i]] for i in batch_rows], dtype=torch.int64)
-        aligned[torch.tensor(batch_rows, dtype=torch.int64), :width] = source[source_rows, :width]
-    return BatchBitmask(aligned.to(device), batch_rows)
+    source_rows = torch.tensor([to_row[req_ids[i]] for i in batch_rows], dtype=torch.int64)
+    mask = torch.zeros(len(req_ids), vocab_size, dtype=torch.bool)
+    mask[torch.tensor(batch_rows, dtype=torch.int64)] = unpack_bitmask(output.grammar_bitmask[source_rows], vocab_size)
+    return mask.to(device)
 
 
 def draft_token_mask(

@@ -23,10 +23,6 @@ from typing import Any
 import torch
 
 from vllite.protocol import LogprobsTensors
-from vllite.structured_output.bitmask import BatchBitmask, apply_token_mask
-
-#: Structured outputs' constraint on a batch: a grammar bitmask, or a boolean mask (True = banned).
-TokenMask = torch.Tensor | BatchBitmask
 
 _SAMPLING_EPS = 1e-5
 
@@ -70,11 +66,10 @@ class Sampler:
     """Turns logits ``[B, V]`` into tokens following each row's sampling parameters."""
 
     def __call__(
-        self, logits: torch.Tensor, md: SamplingMetadata, token_mask: TokenMask | None = None
+        self, logits: torch.Tensor, md: SamplingMetadata, token_mask: torch.Tensor | None = None
     ) -> SamplerOutput:
-        """Samples one token per row of ``logits`` ``[B, V]`` following ``md``; ``token_mask`` (structured outputs'
-        grammar: a ``BatchBitmask``, or ``[B, V]`` bool with True = banned) applies after the processors and
-        penalties, before sampling."""
+        """Samples one token per row of ``logits`` ``[B, V]`` following ``md``; ``token_mask`` ``[B, V]`` (True =
+        banned: structured outputs' grammar bitmask) applies after the processors and penalties, before sampling."""
         if md.max_num_logprobs is None and md.allowed_token_ids_mask is None and md.no_penalties:
             return SamplerOutput(self.sample_fast(logits, md, token_mask), None)
         raw_logprobs = None
@@ -88,7 +83,7 @@ class Sampler:
         if not md.no_penalties:
             logits = apply_penalties(logits, md)
         if token_mask is not None:
-            logits = apply_token_mask(logits, token_mask)
+            logits.masked_fill_(token_mask, float("-inf"))
         sampled = self.sample(logits, md)
         logprobs = None
         if raw_logprobs is not None:
@@ -96,14 +91,14 @@ class Sampler:
         return SamplerOutput(sampled, logprobs)
 
     def sample_fast(
-        self, logits: torch.Tensor, md: SamplingMetadata, token_mask: TokenMask | None = None
+        self, logits: torch.Tensor, md: SamplingMetadata, token_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Sampling of a batch without logprobs, ``allowed_token_ids`` or penalties (see the module docstring)."""
         logits = logits.float()
         if md.logitsprocs is not None and md.logitsprocs.non_argmax_invariant:
             logits = md.logitsprocs.apply_non_argmax_invariant(logits)
         if token_mask is not None:
-            logits = apply_token_mask(logits, token_mask)
+            logits.masked_fill_(token_mask, float("-inf"))  # in place, as allowed_token_ids: the caller's rows
         if md.all_greedy:
             return logits.argmax(dim=-1)
         if not md.all_random or md.top_k is not None or md.top_p is not None:
