@@ -59,6 +59,8 @@ def batch_token_mask(
     if output is None:
         return None
     to_row = output.req_id_to_row
+    if output.structured_output_request_ids == req_ids and output.grammar_bitmask.shape[0] == len(req_ids):
+        return unpack_bitmask(output.grammar_bitmask, vocab_size).to(device)  # every row constrained, in order
     batch_rows = [i for i, req_id in enumerate(req_ids) if req_id in to_row]
     if not batch_rows:
         return None
