@@ -32,7 +32,7 @@ from vllite.plugins.transformers_executor.input_batch import CachedRequestState,
 from vllite.plugins.transformers_executor.kv_connector_step import execute_with_connector
 from vllite.plugins.transformers_executor.model_loader import ModelSpec
 from vllite.plugins.transformers_executor.prompt_logprobs import compute_prompt_logprobs, plan_prompt_logprobs
-from vllite.plugins.transformers_executor.sampler import Sampler, SamplingMetadata
+from vllite.plugins.transformers_executor.sampler import Sampler, SamplingMetadata, draw_uniform_
 from vllite.plugins.transformers_executor.sampling_inputs import SamplingInputs
 from vllite.plugins.transformers_executor.spec_decode.decoder import NgramSpecDecoder
 from vllite.plugins.transformers_executor.step_buffers import StepBuffers, prepare_inputs
@@ -348,7 +348,7 @@ class ModelRunner:
         generator.manual_seed(params.seed)
         scratch = torch.empty(self.vocab_size, device=self.device)
         for _ in range(num_output_tokens):
-            scratch.exponential_(generator=generator)
+            draw_uniform_(scratch, generator)
         return generator
 
     # ------------------------------------------------------------------ inputs
