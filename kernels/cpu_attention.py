@@ -10,6 +10,9 @@ prefills use ``is_causal`` and no mask; the rest use the plan's additive mask (l
 query, sliding window). A ``softcap`` (which SDPA cannot apply) takes an explicit float32 matmul-softmax-matmul
 per bucket instead. The outputs go back to the packed token order with one ``index_select`` into ``out``.
 
+A pure decode batch (one query token per sequence, float32, no window or softcap) skips all that: the compiled
+kernel of :mod:`vllite.kernels.cpu_decode` reads the cache through the block tables in place.
+
 :func:`~vllite.kernels.reference.paged_attention_ref` is the reference this path is tested against.
 """
 
@@ -20,6 +23,7 @@ import threading
 import torch
 import torch.nn.functional as F
 
+from vllite.kernels.cpu_decode import paged_decode_attention
 from vllite.kernels.cpu_plan import AttentionBucket, CpuAttentionPlan, plan_paged_attention_cpu
 
 __all__ = ["paged_attention_cpu", "reshape_and_cache_cpu"]
@@ -163,6 +167,13 @@ def paged_attention_cpu(
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+    num_seqs = seq_lens.shape[0]
+    if max_query_len == 1 and sliding_window is None and softcap is None and num_tokens == num_seqs:
+        # Pure decode (one query token per sequence): the compiled kernel reads the cache through the block
+        # tables, without gathering the contexts (see vllite.kernels.cpu_decode).
+        result = paged_decode_attention(query, key_cache, value_cache, block_tables, seq_lens, scale=scale, out=out)
+        if result is not None:
+            return result
     if plan is None or not plan.matches(block_size, sliding_window):
         plan = plan_paged_attention_cpu(
             block_tables,

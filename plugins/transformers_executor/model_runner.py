@@ -75,6 +75,10 @@ class ModelRunner:
         self.logitsprocs = _build_logitsprocs(config, device)
         self.sampler = Sampler()
         self.default_generator = torch.Generator(device=device)
+        if device.type == "cpu" and dtype == torch.float32:
+            from vllite.kernels.cpu_decode import decode_kernel
+
+            decode_kernel()  # a first build (about half a minute, once per machine) happens at start-up, not mid-step
         self.default_generator.manual_seed(config.model_config.seed)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.kv_layers: list[torch.Tensor] = []  # per layer [2, num_blocks, block_size, heads, dim]

@@ -1,0 +1,73 @@
+"""The compiled CPU decode-attention kernel (``vllite.kernels.cpu_decode``) against the torch reference: contexts
+of 1 to 300 tokens in shuffled blocks, GQA groups 1 to 8, odd block sizes and head sizes, through
+``paged_attention_cpu`` (which sends pure decode batches to it) and with ``out``; it builds wherever a C++ compiler
+is found, and ``VLLITE_CPU_DECODE_KERNEL=0`` turns it off."""
+
+from __future__ import annotations
+
+import random
+import shutil
+
+import pytest
+import torch
+
+from vllite.kernels import cpu_decode
+from vllite.kernels.cpu_attention import paged_attention_cpu
+from vllite.kernels.reference import paged_attention_ref
+
+
+def _decode_case(num_seqs: int, heads: int, kv_heads: int, head_dim: int, block_size: int, seed: int):
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    lens = [rng.randint(1, 300) for _ in range(num_seqs)]
+    per_seq = [(n + block_size - 1) // block_size for n in lens]
+    num_blocks = sum(per_seq) + 3
+    order = torch.randperm(num_blocks, generator=gen)
+    tables = torch.zeros(num_seqs, max(per_seq), dtype=torch.int32)
+    used = 0
+    for s, count in enumerate(per_seq):
+        tables[s, :count] = order[used : used + count].to(torch.int32)
+        used += count
+    k = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen)
+    v = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen)
+    q = torch.randn(num_seqs, heads, head_dim, generator=gen)
+    return q, k, v, tables, torch.tensor(lens, dtype=torch.int32), torch.arange(num_seqs + 1, dtype=torch.int32)
+
+
+def test_the_kernel_builds_where_a_compiler_is_found():
+    if shutil.which("c++") is None:
+        pytest.skip("no C++ compiler on this machine: decode uses the torch path")
+    assert cpu_decode.decode_kernel() is not None
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "head_dim", "block_size"),
+    [(4, 4, 16, 16), (8, 4, 64, 16), (8, 2, 48, 5), (8, 1, 32, 4), (6, 3, 80, 16)],
+)
+def test_decode_kernel_equals_the_reference(heads, kv_heads, head_dim, block_size):
+    if cpu_decode.decode_kernel() is None:
+        pytest.skip("the kernel could not be built here")
+    q, k, v, tables, lens, starts = _decode_case(17, heads, kv_heads, head_dim, block_size, seed=heads + block_size)
+    scale = head_dim**-0.5
+    expected = paged_attention_ref(q, k, v, tables, lens, starts, max_query_len=1, max_seq_len=300, scale=scale)
+    direct = cpu_decode.paged_decode_attention(q, k, v, tables, lens, scale=scale)
+    assert direct is not None
+    torch.testing.assert_close(direct, expected, rtol=1e-5, atol=1e-5)
+    out = torch.full_like(q, float("nan"))
+    routed = paged_attention_cpu(q, k, v, tables, lens, starts, max_query_len=1, max_seq_len=300, scale=scale, out=out)
+    assert routed is out
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_switched_off_it_leaves_decode_to_the_torch_path(monkeypatch):
+    monkeypatch.setenv("VLLITE_CPU_DECODE_KERNEL", "0")
+    cpu_decode.decode_kernel.cache_clear()
+    try:
+        q, k, v, tables, lens, starts = _decode_case(5, 4, 2, 16, 16, seed=3)
+        assert cpu_decode.paged_decode_attention(q, k, v, tables, lens, scale=0.25) is None
+        expected = paged_attention_ref(q, k, v, tables, lens, starts, max_query_len=1, max_seq_len=300, scale=0.25)
+        got = paged_attention_cpu(q, k, v, tables, lens, starts, max_query_len=1, max_seq_len=300, scale=0.25)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    finally:
+        monkeypatch.delenv("VLLITE_CPU_DECODE_KERNEL")
+        cpu_decode.decode_kernel.cache_clear()
