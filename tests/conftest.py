@@ -32,3 +32,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             for item in items:
                 if "cuda" in item.keywords:
                     item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cpu_decode_kernel_built() -> None:
+    """Builds the compiled CPU decode-attention kernel once, before any engine starts: engines then import it from
+    torch's extension cache instead of the first one building it inside a test's start-up timeout."""
+    from vllite.kernels.cpu_decode import decode_kernel
+
+    decode_kernel()
