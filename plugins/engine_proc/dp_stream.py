@@ -101,10 +101,10 @@ def make_merged_sink(
                 state.dead_message = f"Every data-parallel engine core is dead; the last, engine {engine}: {item}"
         failed = router.mark_dead(engine)
         error = EngineDeadError(f"Data-parallel engine core {engine} died: {item}", suppress_context=True)
-        send = resubmit() if resubmit is not None and not all_dead else None
-        if send is not None and failed:
+        continue_elsewhere = resubmit() if resubmit is not None and not all_dead else None
+        if continue_elsewhere is not None and failed:
             continued = len(failed)
-            failed = send(failed)
+            failed = continue_elsewhere(failed)
             logger.error("%s; %d of its requests continue on live engines", error, continued - len(failed))
         logger.error("%s; %d of its requests failed", error, len(failed))
         if failed:
