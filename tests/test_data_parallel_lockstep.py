@@ -75,14 +75,16 @@ def test_engines_pause_and_resume_together(client):
         client.add_request(_on(i % 2, f"p{i}", max_tokens=200))
     col.until(lambda: all(len(col.tokens.get(f"p{i}", ())) >= 2 for i in range(6)))
     client.call_utility("pause_scheduler", "keep")
-    assert client.call_utility("is_scheduler_paused") is True
-    _wait_idle(client, col)  # every engine paused: the wave ends although requests are kept
-    _drain(client, col)
-    frozen = {i: len(col.tokens[f"p{i}"]) for i in range(6)}
-    _drain(client, col)
-    assert {i: len(col.tokens[f"p{i}"]) for i in range(6)} == frozen
-    assert all(n < 200 for n in frozen.values())
-    client.call_utility("resume_scheduler")
+    try:
+        assert client.call_utility("is_scheduler_paused") is True
+        _wait_idle(client, col)  # every engine paused: the wave ends although requests are kept
+        _drain(client, col)
+        frozen = {i: len(col.tokens[f"p{i}"]) for i in range(6)}
+        _drain(client, col)
+        assert {i: len(col.tokens[f"p{i}"]) for i in range(6)} == frozen
+        assert all(n < 200 for n in frozen.values())
+    finally:
+        client.call_utility("resume_scheduler")  # a failure here must not leave the module's engines paused
     col.until_finished(*(f"p{i}" for i in range(6)))
     assert all(col.tokens[f"p{i}"] == expected_tokens(4, 200) for i in range(6))
 

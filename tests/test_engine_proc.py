@@ -72,8 +72,12 @@ class Collector:
 
     def until(self, predicate: Any, timeout: float = 20.0) -> None:
         deadline = time.monotonic() + timeout
+        queued = getattr(self.client, "outputs_queue", None)
         while not predicate():
             assert time.monotonic() < deadline, "timed out waiting for engine outputs"
+            if queued is not None and queued.empty():
+                time.sleep(0.002)  # never block in get_output(): a stranded request must fail, not hang the run
+                continue
             self.pump()
 
     def until_finished(self, *ids: str) -> None:
