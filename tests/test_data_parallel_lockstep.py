@@ -21,7 +21,8 @@ pytestmark = pytest.mark.skipif(os.environ.get("VLLITE_SKIP_MP_TESTS") == "1", r
 def client():
     from vllite.plugins.engine_proc.dp_client import SyncDPClient
 
-    c = SyncDPClient(make_config(data_parallel_size=2, dp_lockstep=True, max_num_seqs=32))
+    # 3 ms steps: the pause test must reach its requests before they finish 200 tokens, however slow the machine.
+    c = SyncDPClient(make_config(step_delay_s=0.003, data_parallel_size=2, dp_lockstep=True, max_num_seqs=32))
     yield c
     c.shutdown()
 
