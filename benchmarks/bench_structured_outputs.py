@@ -41,6 +41,9 @@ from pathlib import Path
 os.environ.setdefault("VLLITE_ENABLE_MULTIPROCESSING", "0")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_throughput import VLLM_CHILD_PRELUDE  # noqa: E402  (after the path set-up)
 
 SCHEMA = {
     "type": "object",
@@ -61,20 +64,9 @@ SCHEMA = {
 }
 
 
-_VLLM_CHILD = r"""
-import importlib.metadata, json, sys, time
-
-_entry_points = importlib.metadata.entry_points
-
-
-def entry_points(**params):  # vllite's example plugin would be loaded as a vLLM logits processor: keep it out
-    if params.get("group") == "vllm.logits_processors":  # how vLLM looks them up
-        return _entry_points(group="vllite.no-such-group")
-    return _entry_points(**params)
-
-
-importlib.metadata.entry_points = entry_points
-
+_VLLM_CHILD = (
+    VLLM_CHILD_PRELUDE
+    + r"""
 from vllm import LLM, SamplingParams
 from vllm.sampling_params import StructuredOutputsParams
 from vllm.v1.sample.logits_processor import _load_logitsprocs_plugins
@@ -110,6 +102,7 @@ for line in sys.stdin:
               "strict_json": valid}
     print("RESULT", json.dumps(result), flush=True)
 """
+)
 
 
 class VllmChild:

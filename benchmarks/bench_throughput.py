@@ -119,7 +119,9 @@ class HFRunner:
 
 
 # The vLLM child: loads the model once, then times one generate() per JSON line of requests it reads.
-_VLLM_CHILD = r"""
+#: The start of every vLLM child script: vLLM looks its logits processors up in the ``vllm.logits_processors``
+#: entry-point group, where vllite's example plugin also registers; the child hides that group from it.
+VLLM_CHILD_PRELUDE = r"""
 import importlib.metadata, json, sys, time
 
 _entry_points = importlib.metadata.entry_points
@@ -132,6 +134,11 @@ def entry_points(**params):  # vllite's example plugin would be loaded as a vLLM
 
 
 importlib.metadata.entry_points = entry_points
+"""
+
+_VLLM_CHILD = (
+    VLLM_CHILD_PRELUDE
+    + r"""
 
 from vllm import LLM, SamplingParams
 cfg = json.loads(sys.argv[1])
@@ -150,6 +157,7 @@ for line in sys.stdin:
     assert [len(o.outputs[0].token_ids) for o in outs] == [n for _, n in workload]
     print("TIME", elapsed, flush=True)
 """
+)
 
 
 class VllmRunner:
