@@ -4,9 +4,13 @@ Decode is where a CPU engine spends its attention time, and it is memory-bound: 
 context once per layer. The torch path (:mod:`vllite.kernels.cpu_attention`) first gathers every context's blocks
 into one buffer and then runs SDPA on it, so the context crosses the memory bus three times (read, write, read);
 on a machine whose cores share that bus (measured here: two concurrent copy streams get 1.44x one stream, two
-concurrent matmul loops 2.0x) that caps both a step and data-parallel scaling. This kernel follows each
-sequence's block table instead: one pass over its keys for the scores and one over its values, OpenMP-parallel
-over (sequence, KV head) through torch's thread pool, the group's query heads sharing each key and value row.
+concurrent matmul loops 2.0x) that caps both a step and data-parallel scaling. This kernel
+(``cpu_decode.cpp``) follows each sequence's block table instead: one pass over its keys for the scores and one
+over its values, each block fetched from memory once (prefetched while the one before is processed), the group's
+query heads sharing each key and value row, whole sequences handed to torch's OpenMP threads longest first. One
+layer's decode over 256 contexts of 16-800 tokens in shuffled blocks: 41-44 ms through the torch path, 22 ms with
+this kernel's first version (one work item per sequence x KV head, striding through every block Hkv times),
+12.7 ms now.
 
 Built once per machine with ``torch.utils.cpp_extension.load_inline`` (the C++ compiler torch was built with;
 about a minute) into torch's extension cache, and loaded from there afterwards. Float32 only; when no compiler is
@@ -21,6 +25,7 @@ import hashlib
 import importlib.util
 import logging
 import os
+import pathlib
 import shutil
 from typing import Any
 
@@ -30,72 +35,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["decode_kernel", "paged_decode_attention"]
 
-_SOURCE = r"""
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
-#include <algorithm>
-#include <cmath>
-#include <limits>
-#include <vector>
-
-// out, q: [n, H, D]; caches: [num_blocks, block_size, Hkv, D]; block_tables: [n, max_blocks] int32;
-// seq_lens: [n] int32. Sequence s attends to its first seq_lens[s] cached tokens.
-void paged_decode(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                  torch::Tensor block_tables, torch::Tensor seq_lens, double scale) {
-  const int64_t n = q.size(0), H = q.size(1), D = q.size(2);
-  const int64_t BS = k_cache.size(1), Hkv = k_cache.size(2), G = H / Hkv, MB = block_tables.size(1);
-  const float* qp = q.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  const float* kp = k_cache.data_ptr<float>();
-  const float* vp = v_cache.data_ptr<float>();
-  const int32_t* bt = block_tables.data_ptr<int32_t>();
-  const int32_t* sl = seq_lens.data_ptr<int32_t>();
-  const float fscale = static_cast<float>(scale);
-  const int64_t row = Hkv * D;  // floats between consecutive tokens of one KV head
-  at::parallel_for(0, n * Hkv, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, acc(G * D);
-    for (int64_t w = begin; w < end; ++w) {
-      const int64_t s = w / Hkv, h = w % Hkv, L = sl[s];
-      const float* qs = qp + (s * H + h * G) * D;
-      float* o = op + (s * H + h * G) * D;
-      if (L <= 0) { std::fill(o, o + G * D, 0.f); continue; }
-      scores.resize(L * G);  // scores[g * L + t]
-      const int32_t* blocks = bt + s * MB;
-      for (int64_t t = 0; t < L; ++t) {
-        const float* kr = kp + (static_cast<int64_t>(blocks[t / BS]) * BS + t % BS) * row + h * D;
-        for (int64_t g = 0; g < G; ++g) {
-          const float* qg = qs + g * D;
-          float dot = 0.f;
-          for (int64_t d = 0; d < D; ++d) dot += qg[d] * kr[d];
-          scores[g * L + t] = dot * fscale;
-        }
-      }
-      for (int64_t g = 0; g < G; ++g) {
-        float* sc = scores.data() + g * L;
-        float mx = sc[0];
-        for (int64_t t = 1; t < L; ++t) mx = std::max(mx, sc[t]);
-        float sum = 0.f;
-        for (int64_t t = 0; t < L; ++t) {
-          sc[t] = std::exp(sc[t] - mx);
-          sum += sc[t];
-        }
-        const float inv = 1.f / sum;
-        for (int64_t t = 0; t < L; ++t) sc[t] *= inv;
-      }
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t t = 0; t < L; ++t) {
-        const float* vr = vp + (static_cast<int64_t>(blocks[t / BS]) * BS + t % BS) * row + h * D;
-        for (int64_t g = 0; g < G; ++g) {
-          const float p = scores[g * L + t];
-          float* a = acc.data() + g * D;
-          for (int64_t d = 0; d < D; ++d) a[d] += p * vr[d];
-        }
-      }
-      std::copy(acc.begin(), acc.end(), o);
-    }
-  });
-}
-"""
+_SOURCE = (pathlib.Path(__file__).parent / "cpu_decode.cpp").read_text()
 _CPP_DECL = (
     "void paged_decode(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, "
     "torch::Tensor block_tables, torch::Tensor seq_lens, double scale);"

@@ -42,12 +42,26 @@ def test_the_kernel_builds_where_a_compiler_is_found():
 
 @pytest.mark.parametrize(
     ("heads", "kv_heads", "head_dim", "block_size"),
-    [(4, 4, 16, 16), (8, 4, 64, 16), (8, 2, 48, 5), (8, 1, 32, 4), (6, 3, 80, 16)],
+    [
+        (4, 4, 16, 16),
+        (8, 4, 64, 16),
+        (8, 2, 48, 5),
+        (8, 1, 32, 4),
+        (6, 3, 80, 16),
+        (4, 2, 128, 16),
+        (8, 4, 64, 20),
+        (4, 2, 48, 16),
+    ],
 )
-def test_decode_kernel_equals_the_reference(heads, kv_heads, head_dim, block_size):
+@pytest.mark.parametrize("num_seqs", [17, 2])
+def test_decode_kernel_equals_the_reference(heads, kv_heads, head_dim, block_size, num_seqs):
+    """Head sizes that are multiples of 16 take the vectorised path where the CPU has AVX-512, the others the portable
+    one; two sequences are split by KV head across the threads, seventeen are handed out whole, longest first."""
     if cpu_decode.decode_kernel() is None:
         pytest.skip("the kernel could not be built here")
-    q, k, v, tables, lens, starts = _decode_case(17, heads, kv_heads, head_dim, block_size, seed=heads + block_size)
+    q, k, v, tables, lens, starts = _decode_case(
+        num_seqs, heads, kv_heads, head_dim, block_size, seed=heads + block_size
+    )
     scale = head_dim**-0.5
     expected = paged_attention_ref(q, k, v, tables, lens, starts, max_query_len=1, max_seq_len=300, scale=scale)
     direct = cpu_decode.paged_decode_attention(q, k, v, tables, lens, scale=scale)

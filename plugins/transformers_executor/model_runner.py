@@ -28,6 +28,7 @@ from vllite.config import EngineConfig
 from vllite.exceptions import AttentionRoutingError, BatchStateError, KVCacheNotAllocatedError
 from vllite.kv_connector.base import KVConnectorBase
 from vllite.plugins.transformers_executor.attention import AttentionMetadata, forward_context, kv_layer_name
+from vllite.plugins.transformers_executor.huge_pages import zeros_on_huge_pages
 from vllite.plugins.transformers_executor.input_batch import CachedRequestState, InputBatch
 from vllite.plugins.transformers_executor.kv_connector_step import execute_with_connector
 from vllite.plugins.transformers_executor.model_loader import ModelSpec
@@ -109,7 +110,10 @@ class ModelRunner:
         s = self.spec
         self.free_kv_cache()
         shape = (s.num_layers, 2, num_blocks, self.block_size, s.num_kv_heads, s.head_dim)
-        self._kv_buffer = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        if self.device.type == "cpu":
+            self._kv_buffer = zeros_on_huge_pages(shape, self.dtype)
+        else:
+            self._kv_buffer = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.kv_caches = [(self._kv_buffer[i, 0], self._kv_buffer[i, 1]) for i in range(s.num_layers)]
         self.kv_layers = [self._kv_buffer[i] for i in range(s.num_layers)]
 

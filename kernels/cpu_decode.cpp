@@ -1,0 +1,244 @@
+// The CPU decode-attention kernel of vllite.kernels.cpu_decode (built there with torch.utils.cpp_extension).
+//
+// Memory-bound work, so the layout of the reads decides its speed: a sequence's tokens are visited block by
+// block, each block fetched once and worked on from the cache while the next one is prefetched; the work items
+// (whole sequences, or one KV head each when there are few sequences) are handed out longest first from a shared
+// counter so mixed lengths keep every thread busy to the end. Where the CPU has AVX-512 and the head size is a
+// multiple of 16 up to 128, scores come sixteen tokens at a time from one transposing reduction and each head's
+// output accumulates in registers.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+// A dot product over D floats; D_ > 0 fixes the length at compile time so the loop unrolls into whole vectors.
+template <int D_>
+static inline float dot(const float* a, const float* b, int64_t d_rt) {
+  const int64_t D = D_ > 0 ? D_ : d_rt;
+  float sum = 0.f;
+  for (int64_t d = 0; d < D; ++d) sum += a[d] * b[d];
+  return sum;
+}
+
+template <int D_>
+static inline void axpy(float* acc, float p, const float* x, int64_t d_rt) {
+  const int64_t D = D_ > 0 ? D_ : d_rt;
+  for (int64_t d = 0; d < D; ++d) acc[d] += p * x[d];
+}
+
+// Attention of one sequence's query heads of KV heads [h0, h1) over its first L cached tokens. Tokens are visited
+// block by block and, within a block, row by row: a row holds every KV head of one token, so the reads run through
+// each block front to back (what the hardware prefetcher follows) and the next block is prefetched meanwhile.
+template <int D_>
+static void attend(const float* q, float* o, const float* kp, const float* vp, const int32_t* blocks, int64_t L,
+                   int64_t BS, int64_t Hkv, int64_t G, int64_t h0, int64_t h1, int64_t d_rt, float scale,
+                   std::vector<float>& scores, std::vector<float>& acc) {
+  const int64_t D = D_ > 0 ? D_ : d_rt, row = Hkv * D, heads = (h1 - h0) * G;
+  const float* qh = q + h0 * G * D;  // the first query head of this range; heads are consecutive
+  float* oh = o + h0 * G * D;
+  if (L <= 0) { std::fill(oh, oh + heads * D, 0.f); return; }
+  scores.resize(heads * L);  // scores[head * L + t]
+  const int64_t nblocks = (L + BS - 1) / BS;
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const float* kb = kp + static_cast<int64_t>(blocks[b]) * BS * row;
+    const int64_t t0 = b * BS, nt = std::min(BS, L - t0);
+    if (b + 1 < nblocks) {
+      const char* next = reinterpret_cast<const char*>(kp + static_cast<int64_t>(blocks[b + 1]) * BS * row);
+      for (int64_t off = 0; off < BS * row * 4; off += 64) __builtin_prefetch(next + off);
+    }
+    for (int64_t i = 0; i < nt; ++i) {
+      const float* kr = kb + i * row;
+      for (int64_t h = h0; h < h1; ++h) {
+        const float* k = kr + h * D;
+        for (int64_t g = 0; g < G; ++g) {
+          const int64_t head = (h - h0) * G + g;
+          scores[head * L + t0 + i] = dot<D_>(qh + head * D, k, D) * scale;
+        }
+      }
+    }
+  }
+  for (int64_t head = 0; head < heads; ++head) {
+    float* sc = scores.data() + head * L;
+    float mx = sc[0];
+    for (int64_t t = 1; t < L; ++t) mx = std::max(mx, sc[t]);
+    float sum = 0.f;
+    for (int64_t t = 0; t < L; ++t) {
+      sc[t] = std::exp(sc[t] - mx);
+      sum += sc[t];
+    }
+    const float inv = 1.f / sum;
+    for (int64_t t = 0; t < L; ++t) sc[t] *= inv;
+  }
+  acc.assign(heads * D, 0.f);
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const float* vb = vp + static_cast<int64_t>(blocks[b]) * BS * row;
+    const int64_t t0 = b * BS, nt = std::min(BS, L - t0);
+    if (b + 1 < nblocks) {
+      const char* next = reinterpret_cast<const char*>(vp + static_cast<int64_t>(blocks[b + 1]) * BS * row);
+      for (int64_t off = 0; off < BS * row * 4; off += 64) __builtin_prefetch(next + off);
+    }
+    for (int64_t i = 0; i < nt; ++i) {
+      const float* vr = vb + i * row;
+      for (int64_t h = h0; h < h1; ++h) {
+        for (int64_t g = 0; g < G; ++g) {
+          const int64_t head = (h - h0) * G + g;
+          axpy<D_>(acc.data() + head * D, scores[head * L + t0 + i], vr + h * D, D);
+        }
+      }
+    }
+  }
+  std::copy(acc.begin(), acc.end(), oh);
+}
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+// Lane t of the result is the sum of the 16 lanes of v[t]: sixteen dot products finished at once.
+static inline __m512 sum_rows16(__m512* v) {
+  __m512 w[8], x[4];
+  for (int i = 0; i < 8; ++i)
+    w[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(w[2 * i]), b = _mm512_castps_pd(w[2 * i + 1]);
+    x[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  const __m512 z01 = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], 0x88), _mm512_shuffle_f32x4(x[0], x[1], 0xDD));
+  const __m512 z23 = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], 0x88), _mm512_shuffle_f32x4(x[2], x[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(z01, z23, 0x88), _mm512_shuffle_f32x4(z01, z23, 0xDD));
+}
+
+// The AVX-512 form of attend() for head sizes that are a multiple of 16 (C = D / 16 vectors per head row).
+template <int C>
+static void attend_avx512(const float* q, float* o, const float* kp, const float* vp, const int32_t* blocks,
+                          int64_t L, int64_t BS, int64_t Hkv, int64_t G, int64_t h0, int64_t h1, float scale,
+                          std::vector<float>& scores, std::vector<float>& acc) {
+  constexpr int64_t D = 16 * C;
+  const int64_t row = Hkv * D, heads = (h1 - h0) * G;
+  const float* qh = q + h0 * G * D;
+  float* oh = o + h0 * G * D;
+  if (L <= 0) { std::fill(oh, oh + heads * D, 0.f); return; }
+  scores.resize(heads * L);
+  const int64_t nblocks = (L + BS - 1) / BS;
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const float* kb = kp + static_cast<int64_t>(blocks[b]) * BS * row;
+    const int64_t t0 = b * BS, nt = std::min(BS, L - t0);
+    if (b + 1 < nblocks) {
+      const char* next = reinterpret_cast<const char*>(kp + static_cast<int64_t>(blocks[b + 1]) * BS * row);
+      for (int64_t off = 0; off < nt * row * 4; off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
+    }
+    for (int64_t h = h0; h < h1; ++h) {
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t head = (h - h0) * G + g;
+        __m512 qv[C];
+        for (int c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(qh + head * D + 16 * c);
+        for (int64_t i0 = 0; i0 < nt; i0 += 16) {
+          const int64_t m = std::min<int64_t>(16, nt - i0);
+          __m512 part[16];
+          for (int64_t i = 0; i < 16; ++i) {
+            if (i >= m) { part[i] = _mm512_setzero_ps(); continue; }
+            const float* k = kb + (i0 + i) * row + h * D;
+            __m512 s = _mm512_mul_ps(qv[0], _mm512_loadu_ps(k));
+            for (int c = 1; c < C; ++c) s = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k + 16 * c), s);
+            part[i] = s;
+          }
+          const __mmask16 mask = static_cast<__mmask16>((1u << m) - 1u);
+          _mm512_mask_storeu_ps(scores.data() + head * L + t0 + i0, mask, _mm512_mul_ps(sum_rows16(part), vscale));
+        }
+      }
+    }
+  }
+  for (int64_t head = 0; head < heads; ++head) {
+    float* sc = scores.data() + head * L;
+    float mx = sc[0];
+    for (int64_t t = 1; t < L; ++t) mx = std::max(mx, sc[t]);
+    float sum = 0.f;
+    for (int64_t t = 0; t < L; ++t) {
+      sc[t] = std::exp(sc[t] - mx);
+      sum += sc[t];
+    }
+    const float inv = 1.f / sum;
+    for (int64_t t = 0; t < L; ++t) sc[t] *= inv;
+  }
+  acc.assign(heads * D, 0.f);
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const float* vb = vp + static_cast<int64_t>(blocks[b]) * BS * row;
+    const int64_t t0 = b * BS, nt = std::min(BS, L - t0);
+    if (b + 1 < nblocks) {
+      const char* next = reinterpret_cast<const char*>(vp + static_cast<int64_t>(blocks[b + 1]) * BS * row);
+      for (int64_t off = 0; off < nt * row * 4; off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
+    }
+    for (int64_t h = h0; h < h1; ++h) {
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t head = (h - h0) * G + g;
+        float* a = acc.data() + head * D;
+        const float* p = scores.data() + head * L + t0;
+        __m512 av[C];
+        for (int c = 0; c < C; ++c) av[c] = _mm512_loadu_ps(a + 16 * c);
+        for (int64_t i = 0; i < nt; ++i) {
+          const __m512 pv = _mm512_set1_ps(p[i]);
+          const float* v = vb + i * row + h * D;
+          for (int c = 0; c < C; ++c) av[c] = _mm512_fmadd_ps(pv, _mm512_loadu_ps(v + 16 * c), av[c]);
+        }
+        for (int c = 0; c < C; ++c) _mm512_storeu_ps(a + 16 * c, av[c]);
+      }
+    }
+  }
+  std::copy(acc.begin(), acc.end(), oh);
+}
+#endif
+
+// out, q: [n, H, D]; caches: [num_blocks, block_size, Hkv, D]; block_tables: [n, max_blocks] int32;
+// seq_lens: [n] int32. Sequence s attends to its first seq_lens[s] cached tokens.
+void paged_decode(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                  torch::Tensor block_tables, torch::Tensor seq_lens, double scale) {
+  const int64_t n = q.size(0), H = q.size(1), D = q.size(2);
+  const int64_t BS = k_cache.size(1), Hkv = k_cache.size(2), G = H / Hkv, MB = block_tables.size(1);
+  const float* qp = q.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const float* kp = k_cache.data_ptr<float>();
+  const float* vp = v_cache.data_ptr<float>();
+  const int32_t* bt = block_tables.data_ptr<int32_t>();
+  const int32_t* sl = seq_lens.data_ptr<int32_t>();
+  const float fscale = static_cast<float>(scale);
+  const int64_t threads = at::get_num_threads();
+  // Work items, longest first, handed out one at a time: contexts of 16 and 800 tokens in one batch still keep
+  // every thread busy to the end. Whole sequences when there are enough of them, else one KV head each.
+  const int64_t split = n >= 4 * threads ? 1 : Hkv;
+  std::vector<int64_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return sl[a] > sl[b]; });
+  const int64_t items = n * split;
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    std::vector<float> scores, acc;
+    for (int64_t w = next.fetch_add(1); w < items; w = next.fetch_add(1)) {
+      const int64_t s = order[w / split];
+      const int64_t h0 = split == 1 ? 0 : w % split, h1 = split == 1 ? Hkv : h0 + 1;
+      const float* qs = qp + s * H * D;
+      float* os = op + s * H * D;
+      const int32_t* blocks = bt + s * MB;
+      const int64_t L = sl[s];
+#if defined(__AVX512F__)
+#define VLLITE_AVX512_CASE(C)                                                                   \
+  case C:                                                                                       \
+    attend_avx512<C>(qs, os, kp, vp, blocks, L, BS, Hkv, G, h0, h1, fscale, scores, acc);       \
+    continue;
+      if (D % 16 == 0) {
+        switch (D / 16) {
+          VLLITE_AVX512_CASE(1) VLLITE_AVX512_CASE(2) VLLITE_AVX512_CASE(3) VLLITE_AVX512_CASE(4)
+          VLLITE_AVX512_CASE(5) VLLITE_AVX512_CASE(6) VLLITE_AVX512_CASE(7) VLLITE_AVX512_CASE(8)
+          default: break;
+        }
+      }
+#undef VLLITE_AVX512_CASE
+#endif
+      if (D == 64) attend<64>(qs, os, kp, vp, blocks, L, BS, Hkv, G, h0, h1, D, fscale, scores, acc);
+      else if (D == 128) attend<128>(qs, os, kp, vp, blocks, L, BS, Hkv, G, h0, h1, D, fscale, scores, acc);
+      else attend<0>(qs, os, kp, vp, blocks, L, BS, Hkv, G, h0, h1, D, fscale, scores, acc);
+    }
+  });
+}
