@@ -17,6 +17,7 @@ Prompt logprobs: see :mod:`vllite.plugins.transformers_executor.prompt_logprobs`
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 from typing import Any
@@ -183,8 +184,9 @@ class ModelRunner:
 
         sampling_md = self._sampling_metadata(samples)
         token_mask = None
-        if scheduler_output.grammar_output is not None:  # structured outputs: the grammar bitmask
-            token_mask = batch_token_mask(scheduler_output.grammar_output, req_ids, self.vocab_size, self.device)
+        grammar_output = scheduler_output.grammar_output
+        if grammar_output is not None:  # structured outputs: the bitmask, waited for when the sampler needs it
+            token_mask = functools.partial(batch_token_mask, grammar_output, req_ids, self.vocab_size, self.device)
         out = self.sampler(logits[:num_reqs], sampling_md, token_mask)
         sampled = out.sampled_token_ids.cpu().numpy()
         failed = self._take_failed_requests(req_ids, samples)

@@ -17,8 +17,9 @@ same tokens for the same generator states).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 
@@ -26,6 +27,16 @@ from vllite.protocol import LogprobsTensors
 
 _SAMPLING_EPS = 1e-5
 _TINY = torch.finfo(torch.float32).tiny
+
+#: A banned-token mask ``[B, V]`` (True = banned), or a function that waits for it: structured outputs' grammar
+#: bitmask is still being filled on another thread when sampling starts, and the fast path draws its random
+#: numbers before asking for it.
+TokenMask: TypeAlias = "torch.Tensor | Callable[[], torch.Tensor | None]"
+
+
+def resolve_token_mask(token_mask: TokenMask | None) -> torch.Tensor | None:
+    """The mask itself (waiting for it when it is given as a function)."""
+    return token_mask() if callable(token_mask) else token_mask
 
 
 @dataclass
@@ -67,7 +78,7 @@ class Sampler:
     """Turns logits ``[B, V]`` into tokens following each row's sampling parameters."""
 
     def __call__(
-        self, logits: torch.Tensor, md: SamplingMetadata, token_mask: torch.Tensor | None = None
+        self, logits: torch.Tensor, md: SamplingMetadata, token_mask: TokenMask | None = None
     ) -> SamplerOutput:
         """Samples one token per row of ``logits`` ``[B, V]`` following ``md``; ``token_mask`` ``[B, V]`` (True =
         banned: structured outputs' grammar bitmask) applies after the processors and penalties, before sampling."""
@@ -83,8 +94,9 @@ class Sampler:
             logits = md.logitsprocs.apply_non_argmax_invariant(logits)
         if not md.no_penalties:
             logits = apply_penalties(logits, md)
-        if token_mask is not None:
-            logits.masked_fill_(token_mask, float("-inf"))
+        mask = resolve_token_mask(token_mask)
+        if mask is not None:
+            logits.masked_fill_(mask, float("-inf"))
         sampled = self.sample(logits, md)
         logprobs = None
         if raw_logprobs is not None:
@@ -92,23 +104,27 @@ class Sampler:
         return SamplerOutput(sampled, logprobs)
 
     def sample_fast(
-        self, logits: torch.Tensor, md: SamplingMetadata, token_mask: torch.Tensor | None = None
+        self, logits: torch.Tensor, md: SamplingMetadata, token_mask: TokenMask | None = None
     ) -> torch.Tensor:
         """Sampling of a batch without logprobs, ``allowed_token_ids`` or penalties (see the module docstring)."""
         logits = logits.float()
         if md.logitsprocs is not None and md.logitsprocs.non_argmax_invariant:
             logits = md.logitsprocs.apply_non_argmax_invariant(logits)
-        if token_mask is not None:
-            logits.masked_fill_(token_mask, float("-inf"))  # in place, as allowed_token_ids: the caller's rows
+        race = not md.all_greedy and md.all_random and md.top_k is None and md.top_p is None
+        # The race's random numbers do not depend on the mask: drawn first, they overlap the grammar's fill.
+        noise = exponential_noise(logits, md.generators, md.default_generator) if race else None
+        mask = resolve_token_mask(token_mask)
+        if mask is not None:
+            logits.masked_fill_(mask, float("-inf"))  # in place, as allowed_token_ids: the caller's rows
         if md.all_greedy:
             return logits.argmax(dim=-1)
-        if not md.all_random or md.top_k is not None or md.top_p is not None:
+        if noise is None:
             return self.sample(logits, md)
         logits = logits / md.temperature.unsqueeze(1)
         if md.logitsprocs is not None and md.logitsprocs.argmax_invariant:
             logits = md.logitsprocs.apply_argmax_invariant(logits)
         probs = logits.softmax(dim=-1, dtype=torch.float32)
-        return exponential_race(probs, md.generators, md.default_generator, in_place=True)
+        return probs.div_(noise).argmax(dim=-1)
 
     def sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         """Greedy rows' argmax and random rows' exponential race (after temperature, processors, top-k/p)."""
@@ -140,13 +156,21 @@ def exponential_race(
     """Samples one index per row from ``probs`` as ``argmax(probs / q)``, ``q ~ Exp(1)`` (row ``i`` draws ``q``
     from ``generators[i]`` when it has one, so its result depends only on its own generator's state). With
     ``in_place`` ``probs`` is overwritten."""
-    q = torch.empty_like(probs)
-    if len(generators) != probs.shape[0]:
+    q = exponential_noise(probs, generators, default)
+    return (probs.div_(q) if in_place else probs.div(q)).argmax(dim=-1)
+
+
+def exponential_noise(
+    like: torch.Tensor, generators: dict[int, torch.Generator], default: torch.Generator | None
+) -> torch.Tensor:
+    """The race's ``q ~ Exp(1)``, shaped as ``like``: row ``i`` from ``generators[i]`` when it has one, the other
+    rows from ``default``."""
+    q = torch.empty(like.shape, dtype=torch.float32, device=like.device)
+    if len(generators) != like.shape[0]:
         q.uniform_(generator=default)
     for row, generator in generators.items():
         draw_uniform_(q[row], generator)
-    uniform_to_exponential_(q)
-    return (probs.div_(q) if in_place else probs.div(q)).argmax(dim=-1)
+    return uniform_to_exponential_(q)
 
 
 def draw_uniform_(row: torch.Tensor, generator: torch.Generator | None) -> None:
