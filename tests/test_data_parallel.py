@@ -223,3 +223,30 @@ def _is_zombie(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] == "Z"
     except OSError:
         return True
+
+
+_LEFT_TO_EXIT = """
+import sys
+from vllite import LLM, SamplingParams
+llm = LLM(sys.argv[1], data_parallel_size=2, dtype="float32", block_size=16, max_model_len=256)
+llm.generate([{"prompt_token_ids": [11, 12, 13]}], SamplingParams(max_tokens=2), use_tqdm=False)
+print(*(engine.resources.proc.pid for engine in llm.llm_engine.engine_core.engines), flush=True)
+# no shutdown: the LLM is collected while the interpreter exits
+"""
+
+
+def test_an_llm_left_to_interpreter_exit_stops_its_engines_without_hanging(case):
+    """A dp LLM that its script never shuts down is stopped by its finalizer at exit. That ran the engines'
+    shutdowns on new threads, which never start once the interpreter is finalizing: the exit hung for good."""
+    import subprocess
+    import sys
+
+    model_dir, _, _ = case
+    done = subprocess.run(
+        [sys.executable, "-c", _LEFT_TO_EXIT, model_dir], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    pids = [int(pid) for pid in done.stdout.split()]
+    assert len(pids) == 2
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}") or _is_zombie(pid)

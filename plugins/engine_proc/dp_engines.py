@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -137,7 +138,12 @@ def start_local_engines(
 
 def stop_engines(engines: Sequence[MPClient]) -> None:
     """Stops every engine at once (each client's shutdown on its own thread: they drain in parallel, and none
-    sees another's exit as a death)."""
+    sees another's exit as a death). At interpreter exit (an ``LLM`` collected by its finalizer) they stop one after
+    another on this thread: a thread started then never runs, and waiting for it would hang the exit."""
+    if sys.is_finalizing():
+        for engine in engines:
+            engine.shutdown()
+        return
     threads = [threading.Thread(target=engine.shutdown, name="VLLiteDPShutdown", daemon=True) for engine in engines]
     for thread in threads:
         thread.start()
