@@ -66,6 +66,30 @@ def test_least_loaded_balances_1000_equal_requests_within_10_percent(num_engines
     assert all(abs(counts[e] - share) <= 0.1 * share for e in range(num_engines)), counts
 
 
+@pytest.mark.parametrize("step_rates", [(0.5, 0.1), (0.9, 0.05), (0.02, 0.02)])
+def test_a_burst_is_split_evenly_while_stats_lag_the_sends(step_rates):
+    """``LLM.generate`` submits its whole batch at once while the engines step: the stats an engine publishes after
+    a step count only what it had taken in when the step began, so the requests sent during the step must still
+    count after those stats arrive (they were dropped, and a 256-request burst split 157/99)."""
+    router = DPRouter(2)
+    taken_in: list[list[str]] = [[], []]
+    in_pipe: list[list[str]] = [[], []]  # sent to the engine during its current step
+    counts: Counter[int] = Counter()
+    rng = random.Random(3)
+    for i in range(256):
+        engine = router.route(make_request(f"r{i}"))
+        counts[engine] += 1
+        in_pipe[engine].append(f"r{i}")
+        for e, rate in enumerate(step_rates):  # the chance that the engine's current step ends now
+            if rng.random() < rate:
+                running = min(len(taken_in[e]), 8)
+                stats = SchedulerStats(num_running_reqs=running, num_waiting_reqs=len(taken_in[e]) - running)
+                router.on_outputs(e, EngineCoreOutputs(engine_index=e, scheduler_stats=stats))
+                taken_in[e] += in_pipe[e]
+                in_pipe[e] = []
+    assert abs(counts[0] - counts[1]) <= 0.1 * 256, counts
+
+
 def test_least_loaded_prefers_the_engine_with_fewer_waiting():
     router = DPRouter(2)
     # Engine 0: 3 running; engine 1: 1 waiting (weighs 4): engine 0 scores 3, engine 1 scores 4.

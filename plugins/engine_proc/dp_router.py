@@ -6,7 +6,9 @@ frontend and from the engines' output threads), so it can be tested with synthet
 * **least loaded** (``dp_routing="load"``, the default): the live engine with the lowest
   ``(waiting + sent) * 4 + running`` — vLLM's score — where ``waiting``/``running`` are the counts in the latest
   ``SchedulerStats`` the engine published with its outputs and ``sent`` the requests this client sent it since;
-  ties go round-robin;
+  ``waiting + sent`` is raised to this client's requests in flight there that those stats do not show running,
+  since stats computed before some sends reached the engine would otherwise drop them (a burst of submissions, as
+  ``LLM.generate`` makes, split 157/99 between two engines that way); ties go round-robin;
 * **a named rank**: ``EngineCoreRequest.data_parallel_rank``, or ``SamplingParams.extra_args["data_parallel_rank"]``
   (how the server's ``vllm_xargs`` carry it);
 * **affinity**: every request of one Continuum job (``extra_args["job_id"]``) goes to the engine its first turn
@@ -47,8 +49,9 @@ class EngineLoad:
 
     @property
     def score(self) -> int:
-        """vLLM's load score: waiting requests weigh four times running ones."""
-        return (self.waiting + self.sent) * WAITING_WEIGHT + self.running
+        """vLLM's load score: waiting requests weigh four times running ones (see the module docstring)."""
+        waiting = max(self.waiting + self.sent, len(self.in_flight) - self.running)
+        return waiting * WAITING_WEIGHT + self.running
 
 
 class DPRouter:
