@@ -104,7 +104,7 @@ def main() -> None:
         help="ray: start a Ray cluster of this many local nodes of one CPU each (0: use RAY_ADDRESS or start one).",
     )
     parser.add_argument("--workload", choices=["uniform", "mixed"], default="mixed")
-    parser.add_argument("--num-prompts", type=int, default=96)
+    parser.add_argument("--num-prompts", type=int, default=256)
     parser.add_argument("--input-len", type=int, default=64, help="uniform: the longest prompt.")
     parser.add_argument("--output-len", type=int, default=128, help="uniform: new tokens per prompt.")
     parser.add_argument("--dtype", default="float32")
