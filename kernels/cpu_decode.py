@@ -10,7 +10,7 @@ over its values, each block fetched from memory once (prefetched while the one b
 query heads sharing each key and value row, whole sequences handed to torch's OpenMP threads longest first. One
 layer's decode over 256 contexts of 16-800 tokens in shuffled blocks: 41-44 ms through the torch path, 22 ms with
 this kernel's first version (one work item per sequence x KV head, striding through every block Hkv times),
-12.7 ms now.
+10.1 ms now.
 
 Built once per machine with ``torch.utils.cpp_extension.load_inline`` (the C++ compiler torch was built with;
 about a minute) into torch's extension cache, and loaded from there afterwards. Float32 only; when no compiler is
