@@ -1,10 +1,9 @@
 // The CPU decode-attention kernel of vllite.kernels.cpu_decode (built there with torch.utils.cpp_extension).
 //
 // Memory-bound work, so the layout of the reads decides its speed: a sequence's tokens are visited block by
-// block, each block fetched once and worked on from the cache while the next one is prefetched into L2 (into L1
-// the prefetches wait on L1's few miss buffers: 1.65x slower single-threaded on scattered 6 KiB blocks); the work items
-// (whole sequences, or one KV head each when there are few sequences) are handed out longest first from a shared
-// counter so mixed lengths keep every thread busy to the end. Where the CPU has AVX-512 and the head size is a
+// block, each block fetched once and worked on from the cache while the next one is prefetched into L2; the work
+// items (whole sequences, or one KV head each when there are few sequences) are handed out longest first from a
+// shared counter so mixed lengths keep every thread busy to the end. Where the CPU has AVX-512 and the head size is a
 // multiple of 16 up to 128, scores come sixteen tokens at a time from one transposing reduction and each head's
 // output accumulates in registers.
 #include <torch/extension.h>
@@ -30,6 +29,32 @@ static inline void axpy(float* acc, float p, const float* x, int64_t d_rt) {
   for (int64_t d = 0; d < D; ++d) acc[d] += p * x[d];
 }
 
+// Softmax in place over each of `heads` rows of L scores.
+static void softmax_rows(float* scores, int64_t heads, int64_t L) {
+  for (int64_t head = 0; head < heads; ++head) {
+    float* sc = scores + head * L;
+    float mx = sc[0];
+    for (int64_t t = 1; t < L; ++t) mx = std::max(mx, sc[t]);
+    float sum = 0.f;
+    for (int64_t t = 0; t < L; ++t) {
+      sc[t] = std::exp(sc[t] - mx);
+      sum += sc[t];
+    }
+    const float inv = 1.f / sum;
+    for (int64_t t = 0; t < L; ++t) sc[t] *= inv;
+  }
+}
+
+// Prefetches the used rows of block b (of nblocks) of a cache into L2. Into L1 the prefetches would wait on its
+// few miss buffers (1.65x slower single-threaded on scattered 6 KiB blocks).
+static inline void prefetch_block(const float* cache, const int32_t* blocks, int64_t b, int64_t nblocks, int64_t BS,
+                                  int64_t row, int64_t L) {
+  if (b >= nblocks) return;
+  const char* start = reinterpret_cast<const char*>(cache + static_cast<int64_t>(blocks[b]) * BS * row);
+  const int64_t bytes = std::min(BS, L - b * BS) * row * static_cast<int64_t>(sizeof(float));
+  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(start + off, 0, 2);
+}
+
 // Attention of one sequence's query heads of KV heads [h0, h1) over its first L cached tokens. Tokens are visited
 // block by block and, within a block, row by row: a row holds every KV head of one token, so the reads run through
 // each block front to back (what the hardware prefetcher follows) and the next block is prefetched meanwhile.
@@ -46,10 +71,7 @@ static void attend(const float* q, float* o, const float* kp, const float* vp, c
   for (int64_t b = 0; b < nblocks; ++b) {
     const float* kb = kp + static_cast<int64_t>(blocks[b]) * BS * row;
     const int64_t t0 = b * BS, nt = std::min(BS, L - t0);
-    if (b + 1 < nblocks) {
-      const char* next = reinterpret_cast<const char*>(kp + static_cast<int64_t>(blocks[b + 1]) * BS * row);
-      for (int64_t off = 0; off < BS * row * 4; off += 64) __builtin_prefetch(next + off, 0, 2);
-    }
+    prefetch_block(kp, blocks, b + 1, nblocks, BS, row, L);
     for (int64_t i = 0; i < nt; ++i) {
       const float* kr = kb + i * row;
       for (int64_t h = h0; h < h1; ++h) {
@@ -61,26 +83,12 @@ static void attend(const float* q, float* o, const float* kp, const float* vp, c
       }
     }
   }
-  for (int64_t head = 0; head < heads; ++head) {
-    float* sc = scores.data() + head * L;
-    float mx = sc[0];
-    for (int64_t t = 1; t < L; ++t) mx = std::max(mx, sc[t]);
-    float sum = 0.f;
-    for (int64_t t = 0; t < L; ++t) {
-      sc[t] = std::exp(sc[t] - mx);
-      sum += sc[t];
-    }
-    const float inv = 1.f / sum;
-    for (int64_t t = 0; t < L; ++t) sc[t] *= inv;
-  }
+  softmax_rows(scores.data(), heads, L);
   acc.assign(heads * D, 0.f);
   for (int64_t b = 0; b < nblocks; ++b) {
     const float* vb = vp + static_cast<int64_t>(blocks[b]) * BS * row;
     const int64_t t0 = b * BS, nt = std::min(BS, L - t0);
-    if (b + 1 < nblocks) {
-      const char* next = reinterpret_cast<const char*>(vp + static_cast<int64_t>(blocks[b + 1]) * BS * row);
-      for (int64_t off = 0; off < BS * row * 4; off += 64) __builtin_prefetch(next + off, 0, 2);
-    }
+    prefetch_block(vp, blocks, b + 1, nblocks, BS, row, L);
     for (int64_t i = 0; i < nt; ++i) {
       const float* vr = vb + i * row;
       for (int64_t h = h0; h < h1; ++h) {
@@ -127,10 +135,7 @@ static void attend_avx512(const float* q, float* o, const float* kp, const float
   for (int64_t b = 0; b < nblocks; ++b) {
     const float* kb = kp + static_cast<int64_t>(blocks[b]) * BS * row;
     const int64_t t0 = b * BS, nt = std::min(BS, L - t0);
-    if (b + 1 < nblocks) {
-      const char* next = reinterpret_cast<const char*>(kp + static_cast<int64_t>(blocks[b + 1]) * BS * row);
-      for (int64_t off = 0; off < nt * row * 4; off += 64) _mm_prefetch(next + off, _MM_HINT_T1);
-    }
+    prefetch_block(kp, blocks, b + 1, nblocks, BS, row, L);
     for (int64_t h = h0; h < h1; ++h) {
       for (int64_t g = 0; g < G; ++g) {
         const int64_t head = (h - h0) * G + g;
@@ -152,26 +157,12 @@ static void attend_avx512(const float* q, float* o, const float* kp, const float
       }
     }
   }
-  for (int64_t head = 0; head < heads; ++head) {
-    float* sc = scores.data() + head * L;
-    float mx = sc[0];
-    for (int64_t t = 1; t < L; ++t) mx = std::max(mx, sc[t]);
-    float sum = 0.f;
-    for (int64_t t = 0; t < L; ++t) {
-      sc[t] = std::exp(sc[t] - mx);
-      sum += sc[t];
-    }
-    const float inv = 1.f / sum;
-    for (int64_t t = 0; t < L; ++t) sc[t] *= inv;
-  }
+  softmax_rows(scores.data(), heads, L);
   acc.assign(heads * D, 0.f);
   for (int64_t b = 0; b < nblocks; ++b) {
     const float* vb = vp + static_cast<int64_t>(blocks[b]) * BS * row;
     const int64_t t0 = b * BS, nt = std::min(BS, L - t0);
-    if (b + 1 < nblocks) {
-      const char* next = reinterpret_cast<const char*>(vp + static_cast<int64_t>(blocks[b + 1]) * BS * row);
-      for (int64_t off = 0; off < nt * row * 4; off += 64) _mm_prefetch(next + off, _MM_HINT_T1);
-    }
+    prefetch_block(vp, blocks, b + 1, nblocks, BS, row, L);
     for (int64_t h = h0; h < h1; ++h) {
       for (int64_t g = 0; g < G; ++g) {
         const int64_t head = (h - h0) * G + g;
