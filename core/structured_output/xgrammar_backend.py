@@ -1,9 +1,11 @@
 """The ``xgrammar`` backend (the default): JSON schemas, regexes, choices, EBNF grammars and structural tags.
 
-JSON goes through xgrammar's schema converter and then :func:`~vllite.structured_output.strict_json.strict_json_ebnf`
-so strings never hold raw control characters. Schema keywords xgrammar ignores (its converter warns and carries on)
-are refused at validation, so ``auto`` can hand such a schema to another backend instead of producing output that
-does not validate.
+JSON goes through xgrammar's schema converter, then :func:`~vllite.structured_output.strict_json.strict_json_ebnf`
+so strings never hold raw control characters, then
+:func:`~vllite.structured_output.bounded_strings.chain_bounded_strings` so the token masks of length-bounded strings
+are worked out at compile time, not token by token at every step. Schema keywords xgrammar ignores (its converter
+warns and carries on) are refused at validation, so ``auto`` can hand such a schema to another backend instead of
+producing output that does not validate.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import re
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from vllite.structured_output.backend import StructuredOutputBackend, StructuredOutputGrammar
+from vllite.structured_output.bounded_strings import chain_bounded_strings
 from vllite.structured_output.strict_json import strict_json_ebnf
 
 if TYPE_CHECKING:
@@ -103,7 +106,7 @@ def _ebnf_for(spec: GrammarSpec) -> str:
             grammar = xgr.Grammar.from_json_schema(
                 json.dumps(schema), any_whitespace=spec.any_whitespace, strict_mode=not spec.additional_properties
             )
-            return strict_json_ebnf(str(grammar))
+            return chain_bounded_strings(strict_json_ebnf(str(grammar)))
         if kind == "regex":
             return str(xgr.Grammar.from_regex(spec.text))
         if kind == "choice":
