@@ -12,7 +12,7 @@ from vllite.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason, L
 from vllite.request import Request, RequestStatus
 from vllite.sched.stop import check_stop
 from vllite.structured_output.bitmask import resolve_grammar_output
-from vllite.structured_output.manager import accept_sampled_tokens, advance_grammar
+from vllite.structured_output.manager import advance_grammar
 
 _NOTHING: frozenset[str] = frozenset()
 
@@ -42,9 +42,8 @@ def update_from_output(
     index_of, sampled = model_runner_output.req_id_to_index, model_runner_output.sampled_token_ids
     no_drafts = not scheduler_output.scheduled_spec_decode_tokens
     requests = scheduler.requests
-    grammar_accepted: dict[str, bool] = {}
-    if no_drafts and scheduler_output.grammar_output is not None:  # constrained requests sampled: one batched accept
-        grammar_accepted = accept_constrained_tokens(scheduler, scheduler_output, model_runner_output, recomputing)
+    if scheduler_output.grammar_output is not None:
+        resolve_grammar_output(scheduler_output.grammar_output)  # the fill thread is done with the matchers
     for request_id in scheduler_output.num_scheduled_tokens:
         request = requests.get(request_id)
         if request is None or request.is_finished() or request_id in recomputing:
@@ -69,7 +68,7 @@ def update_from_output(
             new_token_ids = apply_sampled_tokens(request, scheduler_output, model_runner_output, max_model_len)
         if new_token_ids and request.structured_output_request is not None:
             # A terminated grammar finishes the request (stop).
-            advance_grammar(request, new_token_ids, grammar_accepted.get(request_id))
+            advance_grammar(request, new_token_ids)
         stopped = request.is_finished()
         if stopped:
             if was_running:
@@ -92,35 +91,6 @@ def update_from_output(
     engine_core_outputs = group_by_client(outputs, scheduler.finished_req_ids_dict, scheduler.make_stats())
     scheduler.finished_req_ids_dict = defaultdict(set)
     return engine_core_outputs
-
-
-def accept_constrained_tokens(
-    scheduler: Scheduler,
-    scheduler_output: SchedulerOutput,
-    model_runner_output: ModelRunnerOutput,
-    recomputing: frozenset[str] | set[str],
-) -> dict[str, bool]:
-    """The sampled token of every constrained request whose token the loop of ``update_from_output`` will keep,
-    accepted by the grammars in one batched call per backend (request id -> allowed): the requests that sampled with
-    this step's bitmask, alive, not failed, one token each."""
-    output = resolve_grammar_output(scheduler_output.grammar_output)
-    if output is None:
-        return {}
-    failed = model_runner_output.failed_requests or {}
-    fail_after_step = scheduler.fail_after_step or {}
-    index_of, sampled = model_runner_output.req_id_to_index, model_runner_output.sampled_token_ids
-    batch: list[tuple[Request, int]] = []
-    for request_id in output.structured_output_request_ids:
-        request = scheduler.requests.get(request_id)
-        index = index_of.get(request_id)
-        if request is None or index is None or request.is_finished() or request_id in recomputing:
-            continue
-        if request_id in failed or request_id in fail_after_step or len(sampled[index]) != 1:
-            continue
-        so_request = request.structured_output_request
-        if so_request is not None and so_request.grammar is not None:
-            batch.append((request, sampled[index][0]))
-    return accept_sampled_tokens(batch)
 
 
 def make_error_output(request: Request) -> EngineCoreOutput:

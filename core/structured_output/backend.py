@@ -32,13 +32,6 @@ class StructuredOutputGrammar(abc.ABC):
         """Advances the matcher by ``token_ids`` (the request's accepted output tokens). False when a token is not
         allowed; the matcher then stays where the last allowed token left it."""
 
-    @classmethod
-    def accept_batch(cls, grammars: list[StructuredOutputGrammar], token_ids: list[int]) -> list[bool]:
-        """Advances ``grammars[i]`` (all of this class) by its one token ``token_ids[i]``; whether each was allowed.
-        Called once per step for the constrained requests that sampled one token. Default: one
-        :meth:`accept_tokens` each; a backend with a batched accept overrides it."""
-        return [grammar.accept_tokens([token_id]) for grammar, token_id in zip(grammars, token_ids, strict=True)]
-
     @abc.abstractmethod
     def validate_tokens(self, token_ids: list[int]) -> list[int]:
         """The longest prefix of ``token_ids`` the grammar allows from its current state, without advancing it

@@ -30,7 +30,7 @@ from vllite.structured_output.request import StructuredOutputRequest
 if TYPE_CHECKING:
     from vllite.config import EngineConfig
     from vllite.sched.output import SchedulerOutput
-    from vllite.structured_output.backend import StructuredOutputBackend, StructuredOutputGrammar
+    from vllite.structured_output.backend import StructuredOutputBackend
     from vllite.structured_output.params import GrammarSpec
 
 logger = logging.getLogger(__name__)
@@ -221,34 +221,17 @@ def fill_rows(grammar: Any, drafts: list[int], bitmask: Any, row: int) -> None:
     grammar.rollback(accepted)
 
 
-def accept_sampled_tokens(sampled: list[tuple[Request, int]]) -> dict[str, bool]:
-    """The step's one sampled token of each constrained request, accepted by its grammar in one batched call per
-    grammar class (before :func:`advance_grammar`, which then takes the result); request id -> allowed."""
-    batches: dict[type[StructuredOutputGrammar], tuple[list[StructuredOutputGrammar], list[int], list[str]]] = {}
-    for request, token_id in sampled:
-        grammar = request.structured_output_request.grammar  # type: ignore[union-attr]
-        assert grammar is not None
-        grammars, tokens, ids = batches.setdefault(type(grammar), ([], [], []))
-        grammars.append(grammar)
-        tokens.append(token_id)
-        ids.append(request.request_id)
-    accepted: dict[str, bool] = {}
-    for cls, (grammars, tokens, ids) in batches.items():
-        accepted.update(zip(ids, cls.accept_batch(grammars, tokens), strict=True))
-    return accepted
-
-
-def advance_grammar(request: Request, token_ids: list[int], accepted: bool | None = None) -> None:
-    """After ``token_ids`` were accepted for a constrained request: its matcher takes them (``accepted``: it already
-    has, with that result). A grammar that terminated on a stop token finishes the request with ``stop`` (even with
-    ``ignore_eos``); one complete without it (nothing may follow) lets only the stop token through next, so the text
-    never loses its last token. A token the grammar refuses while the request runs on (it cannot happen with the
-    bitmask applied) ends the request with ERROR."""
+def advance_grammar(request: Request, token_ids: list[int]) -> None:
+    """After ``token_ids`` were accepted for a constrained request: its matcher takes them. A grammar that
+    terminated on a stop token finishes the request with ``stop`` (even with ``ignore_eos``); one complete without it
+    (nothing may follow) lets only the stop token through next, so the text never loses its last token. A token the
+    grammar refuses while the request runs on (it cannot happen with the bitmask applied) ends the request with
+    ERROR."""
     so_request = request.structured_output_request
     grammar = so_request.grammar if so_request is not None else None
     if grammar is None or not token_ids:
         return
-    if not (grammar.accept_tokens(token_ids) if accepted is None else accepted):
+    if not grammar.accept_tokens(token_ids):
         if not request.is_finished():
             request.status = RequestStatus.FINISHED_ERROR
             kind = so_request.params.kind if so_request is not None else "structured-output"

@@ -149,14 +149,6 @@ class XgrammarGrammar(StructuredOutputGrammar):
             return self.matcher.accept_token(token_ids[0])
         return all(self.matcher.accept_token(token_id) for token_id in token_ids)
 
-    @classmethod
-    def accept_batch(cls, grammars: list[StructuredOutputGrammar], token_ids: list[int]) -> list[bool]:
-        """One ``BatchGrammarMatcher.batch_accept_token`` call (no Python call per matcher)."""
-        import xgrammar as xgr
-
-        matchers = [grammar.matcher for grammar in grammars]  # type: ignore[attr-defined]
-        return xgr.BatchGrammarMatcher.batch_accept_token(matchers, token_ids)
-
     def validate_tokens(self, token_ids: list[int]) -> list[int]:
         """The allowed prefix (tokens accepted, then rolled back)."""
         accepted = 0
