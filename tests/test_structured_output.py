@@ -239,3 +239,20 @@ def test_batch_token_mask_bans_what_each_requests_bitmask_row_bans(order):
         assert torch.equal(mask[i, :vocab], unpack_bitmask(bitmask[row : row + 1], vocab)[0])
         assert mask[i, vocab:].all()
     assert batch_token_mask(output, ["free"], wider, torch.device("cpu")) is None
+
+
+@pytest.mark.parametrize("vocab", [64, 50, 100])
+def test_unpack_bitmask_reads_bit_i_of_word_j_as_token_32j_plus_i(vocab):
+    """Against a bit-by-bit reference: a 0 bit bans its token; a vocabulary past the words (100 > 64) is banned."""
+    import torch
+
+    from vllite.structured_output.bitmask import unpack_bitmask
+
+    gen = torch.Generator().manual_seed(2)
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (3, 2), generator=gen, dtype=torch.int32)
+    banned = unpack_bitmask(bitmask, vocab)
+    assert banned.shape == (3, vocab) and banned.dtype == torch.bool
+    for row in range(3):
+        for token in range(vocab):
+            allowed = token < 64 and (int(bitmask[row, token // 32]) >> (token % 32)) & 1 == 1
+            assert bool(banned[row, token]) is not allowed
