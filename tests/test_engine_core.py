@@ -130,3 +130,18 @@ def test_inproc_client_utility_allow_list():
         seen.extend(t for o in client.get_output().outputs for t in o.new_token_ids)
     assert seen == [1004, 1005]
     client.shutdown()
+
+
+def test_the_start_up_heap_is_frozen_until_shutdown():
+    """Full collections skip the start-up heap while the engine serves (no 100-200 ms pauses); shutdown gives it
+    back to the collector."""
+    import gc
+
+    core = make_core()
+    try:
+        assert gc.get_freeze_count() > 0
+        core.add_request(request("r"))
+        assert run_to_completion(core)["reasons"] == {"r": FinishReason.LENGTH}
+    finally:
+        core.shutdown()
+    assert gc.get_freeze_count() == 0
