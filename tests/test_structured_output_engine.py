@@ -352,6 +352,28 @@ def test_pipelined_steps_with_the_batch_queue(model_path):
         reference.llm_engine.shutdown()
 
 
+@pytest.mark.parametrize("backend", ["xgrammar", "guidance"])
+def test_the_bitmask_filled_during_the_forward_pass_gives_the_same_tokens(model_path, backend):
+    """On the CPU the bitmask is filled in place before the model runs; on an accelerator a thread fills it while
+    the model runs. Both give the same tokens, greedy and seeded."""
+    so_config = {"backend": backend, "disable_any_whitespace": True}
+    llm = LLM(model_path, max_model_len=512, structured_outputs_config=so_config)
+    manager = llm.llm_engine.engine_core.engine_core.structured_output_manager
+    constraints = [c for c, _ in CASES.values()]
+    params = [SamplingParams(temperature=0.0, max_tokens=120, structured_outputs=c) for c in constraints]
+    params += [SamplingParams(temperature=1.0, seed=7, max_tokens=120, structured_outputs=c) for c in constraints]
+    prompts = ["Give me data:"] * len(params)
+    try:
+        assert not manager.fill_during_forward  # the test model runs on the CPU
+        in_place = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        manager.fill_during_forward = True
+        on_thread = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        assert manager._fill_pool is not None  # the thread did the filling
+    finally:
+        llm.llm_engine.shutdown()
+    assert on_thread == in_place
+
+
 def test_the_documented_third_party_backend(tmp_path, monkeypatch, model_path):
     """docs/structured-outputs.md's "Adding a backend" example, installed as an entry-point plugin, drives LLM."""
     from pathlib import Path
