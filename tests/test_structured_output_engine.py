@@ -321,6 +321,57 @@ def test_a_compile_failure_fails_that_request_only(monkeypatch, model_path):
         llm.llm_engine.shutdown()
 
 
+@pytest.mark.parametrize("fill_during_forward", [False, True])
+def test_a_grammar_that_raises_while_filling_fails_that_request_only(monkeypatch, model_path, fill_during_forward):
+    """A matcher that raises while its step's bitmask is filled (a faulty backend plugin) ends its own request with
+    ERROR naming the grammar class and the exception; the batch's other requests, constrained or not, finish."""
+    from vllite.structured_output.xgrammar_backend import XgrammarBackend, XgrammarGrammar
+
+    fill_bitmask = XgrammarGrammar.fill_bitmask
+
+    def fill_or_fail(self, bitmask, index):
+        if getattr(self, "fails", False):
+            raise RuntimeError("the matcher lost its place")
+        fill_bitmask(self, bitmask, index)
+
+    new_grammar = XgrammarBackend.new_grammar
+
+    def marked_grammar(self, compiled):
+        grammar = new_grammar(self, compiled)
+        grammar.fails = compiled is failing_compiled[0]
+        return grammar
+
+    failing_compiled: list = [None]
+    compile_grammar = XgrammarBackend.compile
+
+    def remember_regex(self, spec):
+        compiled = compile_grammar(self, spec)
+        if spec.kind == "regex":
+            failing_compiled[0] = compiled
+        return compiled
+
+    monkeypatch.setattr(XgrammarGrammar, "fill_bitmask", fill_or_fail)
+    monkeypatch.setattr(XgrammarBackend, "new_grammar", marked_grammar)
+    monkeypatch.setattr(XgrammarBackend, "compile", remember_regex)
+    llm = LLM(model_path, max_model_len=512)
+    llm.llm_engine.engine_core.engine_core.structured_output_manager.fill_during_forward = fill_during_forward
+    try:
+        params = [
+            SamplingParams(temperature=1.0, seed=0, structured_outputs=P(regex=REGEX)),
+            SamplingParams(temperature=1.0, seed=1, structured_outputs=P(choice=CHOICES)),
+            SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
+        ]
+        failed, chosen, plain = [o.outputs[0] for o in llm.generate(["a", "b", "c"], params, use_tqdm=False)]
+        assert failed.finish_reason == "error"
+        assert "XgrammarGrammar.fill_bitmask raised RuntimeError: the matcher lost its place" in failed.error
+        assert chosen.finish_reason == "stop" and chosen.text in CHOICES
+        assert plain.finish_reason == "length" and len(plain.token_ids) == 4
+        again = llm.generate("d", SamplingParams(temperature=1.0, structured_outputs=P(choice=CHOICES)))
+        assert again[0].outputs[0].text in CHOICES  # the engine serves on
+    finally:
+        llm.llm_engine.shutdown()
+
+
 def test_bad_constraints_fail_alone_at_submit(llm):
     from test_structured_output import BAD_CASES
 

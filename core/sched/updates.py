@@ -42,8 +42,9 @@ def update_from_output(
     index_of, sampled = model_runner_output.req_id_to_index, model_runner_output.sampled_token_ids
     no_drafts = not scheduler_output.scheduled_spec_decode_tokens
     requests = scheduler.requests
-    if scheduler_output.grammar_output is not None:
-        resolve_grammar_output(scheduler_output.grammar_output)  # the fill thread is done with the matchers
+    grammar_output = resolve_grammar_output(scheduler_output.grammar_output)  # the fill is done with the matchers
+    if grammar_output is not None and grammar_output.failed:
+        fail_after_step.update(grammar_output.failed)  # a grammar that raised ends its request alone
     for request_id in scheduler_output.num_scheduled_tokens:
         request = requests.get(request_id)
         if request is None or request.is_finished() or request_id in recomputing:

@@ -9,7 +9,7 @@ the token after the ``k``-th draft); a request without drafts has one.
 from __future__ import annotations
 
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -19,11 +19,15 @@ if TYPE_CHECKING:
 @dataclass
 class GrammarOutput:
     """One step's grammar constraints (vLLM's ``GrammarOutput``): ``structured_output_request_ids`` in row order,
-    ``grammar_bitmask`` ``[rows, ceil(vocab / 32)]`` int32 on the CPU, and each request's first row."""
+    ``grammar_bitmask`` ``[rows, ceil(vocab / 32)]`` int32 on the CPU, each request's first row, and the requests
+    whose grammar failed to fill."""
 
     structured_output_request_ids: list[str]
     grammar_bitmask: torch.Tensor
     req_id_to_row: dict[str, int]
+    #: Requests whose grammar raised while filling (request id -> message): their rows allow every token, and
+    #: ``update_from_output`` ends them with ERROR instead of keeping the token.
+    failed: dict[str, str] = field(default_factory=dict)
 
 
 def resolve_grammar_output(value: GrammarOutput | Future | None) -> GrammarOutput | None:

@@ -23,6 +23,7 @@ from collections import OrderedDict
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any
 
+from vllite.exceptions import PluginHookError
 from vllite.request import Request, RequestStatus
 from vllite.structured_output.bitmask import GrammarOutput
 from vllite.structured_output.params import StructuredOutputsConfig
@@ -191,21 +192,33 @@ class StructuredOutputManager:
         num_rows = sum(1 + len(drafts) for _, _, drafts in chosen)
         bitmask = torch.full((num_rows, (self.vocab_size + 31) // 32), -1, dtype=torch.int32)
         req_id_to_row: dict[str, int] = {}
+        failed: dict[str, str] = {}
         # Requests without drafts: one batched fill per backend; with drafts: a row per draft position.
-        batches: dict[str, tuple[list[Any], list[int]]] = {}
+        batches: dict[str, tuple[list[Any], list[int], list[str]]] = {}
         row = 0
         for req_id, so_request, drafts in chosen:
             req_id_to_row[req_id] = row
             if drafts:
-                fill_rows(so_request.grammar, drafts, bitmask, row)
+                try:
+                    fill_rows(so_request.grammar, drafts, bitmask, row)
+                except Exception as exc:
+                    failed[req_id] = str(PluginHookError(so_request.grammar, "fill_bitmask", exc))
             else:
-                grammars, rows = batches.setdefault(so_request.backend_name, ([], []))
+                grammars, rows, req_ids = batches.setdefault(so_request.backend_name, ([], [], []))
                 grammars.append(so_request.grammar)
                 rows.append(row)
+                req_ids.append(req_id)
             row += 1 + len(drafts)
-        for name, (grammars, rows) in batches.items():
-            self.backend(name).fill_bitmasks(grammars, bitmask, rows)
-        return GrammarOutput([req_id for req_id, _, _ in chosen], bitmask, req_id_to_row)
+        for name, (grammars, rows, req_ids) in batches.items():
+            try:
+                self.backend(name).fill_bitmasks(grammars, bitmask, rows)
+            except Exception:  # find the grammars that fail: only their requests end
+                failed.update(fill_one_by_one(grammars, bitmask, rows, req_ids))
+        for req_id in failed:
+            bitmask[req_id_to_row[req_id]] = -1  # its token is discarded: the request ends with ERROR
+        if failed:
+            logger.error("Filling the grammar bitmask failed: %s", "; ".join(failed.values()))
+        return GrammarOutput([req_id for req_id, _, _ in chosen], bitmask, req_id_to_row, failed)
 
     def shutdown(self) -> None:
         """Stops the compile and fill threads and releases the backends."""
@@ -214,6 +227,17 @@ class StructuredOutputManager:
                 pool.shutdown(wait=False, cancel_futures=True)
         self._compile_pool = self._fill_pool = None
         self._backends.clear()
+
+
+def fill_one_by_one(grammars: list[Any], bitmask: Any, rows: list[int], req_ids: list[str]) -> dict[str, str]:
+    """Fills each row alone (after a batched fill raised); request id -> message for each grammar that raises."""
+    failed: dict[str, str] = {}
+    for grammar, row, req_id in zip(grammars, rows, req_ids, strict=True):
+        try:
+            grammar.fill_bitmask(bitmask, row)
+        except Exception as exc:
+            failed[req_id] = str(PluginHookError(grammar, "fill_bitmask", exc))
+    return failed
 
 
 def fill_rows(grammar: Any, drafts: list[int], bitmask: Any, row: int) -> None:
