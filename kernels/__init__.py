@@ -3,10 +3,12 @@
 Public entry points (see :mod:`vllite.kernels.reference` for the full contract):
 
 * ``reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, *, plan=None) -> None``
-* ``paged_attention(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, *,
-  max_query_len, max_seq_len, scale, sliding_window=None, softcap=None, out=None, plan=None) -> Tensor``
+* ``paged_attention(query, key_cache, value_cache, params, *, out=None) -> Tensor``, where ``params`` is a
+  :class:`~vllite.kernels.params.PagedAttentionParams`: the step's ``block_tables``, ``seq_lens``,
+  ``query_start_loc``, ``max_query_len`` and ``max_seq_len``, the layer's ``scale``, ``sliding_window`` and
+  ``softcap``, and the ``plan`` below. Every backend takes the same arguments.
 * ``plan_paged_attention(...)``: the per-step plan of the CPU path (``None`` elsewhere), built once per forward
-  pass and passed to every layer's calls as ``plan=``.
+  pass and passed to every layer's calls (as ``PagedAttentionParams.plan`` and ``reshape_and_cache(plan=)``).
 
 Cache layout per layer: ``[num_blocks, block_size, num_kv_heads, head_dim]`` for keys and for values.
 CPU tensors take :mod:`vllite.kernels.cpu_attention` (cost follows each sequence's own context length);
@@ -23,12 +25,15 @@ import importlib.util
 import os
 from typing import TYPE_CHECKING
 
+from vllite.kernels.params import PagedAttentionParams
+
 if TYPE_CHECKING:
-    import torch
+    from torch import Tensor
 
     from vllite.kernels.cpu_plan import CpuAttentionPlan
 
 __all__ = [
+    "PagedAttentionParams",
     "is_triton_available",
     "paged_attention",
     "plan_paged_attention",
@@ -53,7 +58,7 @@ def is_triton_available() -> bool:
     return torch.cuda.is_available()
 
 
-def use_triton(tensor: torch.Tensor) -> bool:
+def use_triton(tensor: Tensor) -> bool:
     """Whether the dispatchers below send work on ``tensor`` to the Triton kernels (CUDA tensor + triton)."""
     return tensor.is_cuda and is_triton_available()
 
@@ -63,21 +68,21 @@ def _cpu_reference_selected() -> bool:
     return os.environ.get("VLLITE_CPU_ATTENTION", "").strip().lower() in ("reference", "ref")
 
 
-def use_cpu_fast_path(tensor: torch.Tensor) -> bool:
+def use_cpu_fast_path(tensor: Tensor) -> bool:
     """Whether work on ``tensor`` goes to :mod:`vllite.kernels.cpu_attention` (a CPU tensor, unless
     ``VLLITE_CPU_ATTENTION=reference``, read once per process)."""
     return tensor.device.type == "cpu" and not _cpu_reference_selected()
 
 
 def plan_paged_attention(
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
+    block_tables: Tensor,
+    seq_lens: Tensor,
+    query_start_loc: Tensor,
     *,
-    key_cache: torch.Tensor,
+    key_cache: Tensor,
     num_heads: int,
     sliding_window: int | None = None,
-    slot_mapping: torch.Tensor | None = None,
+    slot_mapping: Tensor | None = None,
 ) -> CpuAttentionPlan | None:
     """The step's plan for the CPU path over caches like ``key_cache`` (``None`` where that path is not used).
 
@@ -103,11 +108,11 @@ def plan_paged_attention(
 
 
 def reshape_and_cache(
-    key: torch.Tensor,
-    value: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
+    key: Tensor,
+    value: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    slot_mapping: Tensor,
     *,
     plan: CpuAttentionPlan | None = None,
 ) -> None:
@@ -116,8 +121,8 @@ def reshape_and_cache(
     ``slot_mapping`` ``[num_tokens]`` int64 holds ``block_id * block_size + offset`` per token; ``-1``
     skips the token.
     Dispatches to :func:`~vllite.kernels.triton_attention.reshape_and_cache_triton` for CUDA tensors, to
-    :func:`~vllite.kernels.cpu_attention.reshape_and_cache_cpu` (using ``plan``'s prepared slots) for CPU
-    tensors and to :func:`~vllite.kernels.reference.reshape_and_cache_ref` otherwise.
+    :func:`~vllite.kernels.cpu_attention.reshape_and_cache_cpu` (with ``plan``'s prepared slots when it has them)
+    for CPU tensors and to :func:`~vllite.kernels.reference.reshape_and_cache_ref` otherwise.
     """
     if use_triton(key):
         from vllite.kernels.triton_attention import reshape_and_cache_triton
@@ -126,7 +131,8 @@ def reshape_and_cache(
     elif use_cpu_fast_path(key_cache):
         from vllite.kernels.cpu_attention import reshape_and_cache_cpu
 
-        reshape_and_cache_cpu(key, value, key_cache, value_cache, slot_mapping, plan=plan)
+        slots = slot_mapping if plan is None or plan.slots is None else plan.slots
+        reshape_and_cache_cpu(key, value, key_cache, value_cache, slots)
     else:
         from vllite.kernels.reference import reshape_and_cache_ref
 
@@ -134,61 +140,21 @@ def reshape_and_cache(
 
 
 def paged_attention(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    *,
-    max_query_len: int,
-    max_seq_len: int,
-    scale: float,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    out: torch.Tensor | None = None,
-    plan: CpuAttentionPlan | None = None,
-) -> torch.Tensor:
+    query: Tensor, key_cache: Tensor, value_cache: Tensor, params: PagedAttentionParams, *, out: Tensor | None = None
+) -> Tensor:
     """Causal GQA attention of packed ``query`` ``[num_tokens, num_heads, head_dim]`` over the paged cache.
 
-    Returns ``[num_tokens, num_heads, head_dim]`` in ``query``'s dtype (``out`` when given). See
-    :func:`vllite.kernels.reference.paged_attention_ref` for every argument. Triton for CUDA tensors,
-    :func:`~vllite.kernels.cpu_attention.paged_attention_cpu` for CPU tensors (with ``plan`` from
-    :func:`plan_paged_attention`, or planning itself), the vectorised torch reference otherwise.
+    Returns ``[num_tokens, num_heads, head_dim]`` in ``query``'s dtype (``out`` when given). ``params`` holds the
+    step's batch layout, the layer's scale, window and softcap, and the plan of :func:`plan_paged_attention`
+    (see :class:`~vllite.kernels.params.PagedAttentionParams` and
+    :func:`vllite.kernels.reference.paged_attention_ref` for the contract). Triton for CUDA tensors,
+    :func:`~vllite.kernels.cpu_attention.paged_attention_cpu` for CPU tensors (planning itself when
+    ``params.plan`` is ``None``), the vectorised torch reference otherwise.
     """
     if use_cpu_fast_path(query):
-        from vllite.kernels.cpu_attention import paged_attention_cpu
-
-        return paged_attention_cpu(
-            query,
-            key_cache,
-            value_cache,
-            block_tables,
-            seq_lens,
-            query_start_loc,
-            max_query_len=max_query_len,
-            max_seq_len=max_seq_len,
-            scale=scale,
-            sliding_window=sliding_window,
-            softcap=softcap,
-            out=out,
-            plan=plan,
-        )
-    if use_triton(query):
+        from vllite.kernels.cpu_attention import paged_attention_cpu as attention
+    elif use_triton(query):
         from vllite.kernels.triton_attention import paged_attention_triton as attention
     else:
         from vllite.kernels.reference import paged_attention_ref as attention
-    return attention(
-        query,
-        key_cache,
-        value_cache,
-        block_tables,
-        seq_lens,
-        query_start_loc,
-        max_query_len=max_query_len,
-        max_seq_len=max_seq_len,
-        scale=scale,
-        sliding_window=sliding_window,
-        softcap=softcap,
-        out=out,
-    )
+    return attention(query, key_cache, value_cache, params, out=out)

@@ -22,9 +22,11 @@ import threading
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from vllite.kernels.cpu_decode import paged_decode_attention
-from vllite.kernels.cpu_plan import AttentionBucket, CpuAttentionPlan, plan_paged_attention_cpu
+from vllite.kernels.cpu_plan import AttentionBucket, CacheSlots, CpuAttentionPlan, plan_paged_attention_cpu
+from vllite.kernels.params import PagedAttentionParams, gqa_group
 
 __all__ = ["paged_attention_cpu", "reshape_and_cache_cpu"]
 
@@ -36,7 +38,7 @@ FOLD_GROUP_MIN = 4
 _scratch = threading.local()
 
 
-def _buffer(slot: int, numel: int, like: torch.Tensor) -> torch.Tensor:
+def _buffer(slot: int, numel: int, like: Tensor) -> Tensor:
     """A reused flat buffer of at least ``numel`` elements of ``like``'s dtype; valid until ``slot`` is reused."""
     buffers: dict = _scratch.__dict__.setdefault("buffers", {})
     key = (slot, like.dtype, like.device)
@@ -50,50 +52,37 @@ def _buffer(slot: int, numel: int, like: torch.Tensor) -> torch.Tensor:
 
 
 def reshape_and_cache_cpu(
-    key: torch.Tensor,
-    value: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    *,
-    plan: CpuAttentionPlan | None = None,
+    key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor | CacheSlots
 ) -> None:
     """:func:`~vllite.kernels.reference.reshape_and_cache_ref` as one ``index_copy_`` per cache.
 
-    Uses ``plan``'s prepared slots when it has them (``-1`` entries dropped once per step). Caches whose
-    ``[num_blocks * block_size]`` rows are not one flat view fall back to the reference.
+    ``slot_mapping`` may also be the step's :class:`~vllite.kernels.cpu_plan.CacheSlots` (a plan's ``slots``:
+    the ``-1`` entries dropped once per step rather than per layer). Caches whose ``[num_blocks * block_size]``
+    rows are not one flat view are written through the reference.
     """
-    num_blocks, block_size = key_cache.shape[:2]
-    flat_k = key_cache.view(num_blocks * block_size, *key_cache.shape[2:]) if key_cache.is_contiguous() else None
-    flat_v = value_cache.view(num_blocks * block_size, *value_cache.shape[2:]) if value_cache.is_contiguous() else None
-    if flat_k is None or flat_v is None:
-        from vllite.kernels.reference import reshape_and_cache_ref
-
-        reshape_and_cache_ref(key, value, key_cache, value_cache, slot_mapping)
-        return
-    if plan is not None and plan.slots is not None:
-        slots, rows = plan.slots, plan.slot_rows
-    else:
-        slots, rows = slot_mapping.to(torch.int64), None
-        keep = slots >= 0
-        if not bool(keep.all()):
-            rows = keep.nonzero().squeeze(1)
-            slots = slots[rows]
+    slots, rows = slot_mapping if isinstance(slot_mapping, CacheSlots) else CacheSlots.of(slot_mapping)
     if rows is not None:
         key, value = key.index_select(0, rows), value.index_select(0, rows)
+    if not (key_cache.is_contiguous() and value_cache.is_contiguous()):
+        from vllite.kernels.reference import reshape_and_cache_ref
+
+        reshape_and_cache_ref(key, value, key_cache, value_cache, slots)
+        return
+    num_rows = key_cache.shape[0] * key_cache.shape[1]
+    flat_k, flat_v = key_cache.view(num_rows, *key_cache.shape[2:]), value_cache.view(num_rows, *value_cache.shape[2:])
     flat_k.index_copy_(0, slots, key.to(key_cache.dtype))
     flat_v.index_copy_(0, slots, value.to(value_cache.dtype))
 
 
 def _softcapped(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor,
     *,
     scale: float,
     softcap: float,
-) -> torch.Tensor:
+) -> Tensor:
     """Attention with ``softcap * tanh(scores / softcap)`` in float32: ``q [n, H, Mq, D]``, ``k/v [n, Hkv, L, D]``."""
     n, num_heads, q_len, head_dim = q.shape
     num_kv_heads, ctx = k.shape[1], k.shape[2]
@@ -108,13 +97,13 @@ def _softcapped(
 
 def _attend_bucket(
     bucket: AttentionBucket,
-    q_rows: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
+    q_rows: Tensor,
+    keys: Tensor,
+    values: Tensor,
     *,
     scale: float,
     softcap: float | None,
-) -> torch.Tensor:
+) -> Tensor:
     """One bucket's attention; returns ``[num_seqs * q_len, num_heads, head_dim]`` rows in bucket order."""
     n, mq, nb = bucket.num_seqs, bucket.q_len, bucket.num_blocks
     _, num_heads, head_dim = q_rows.shape
@@ -141,50 +130,44 @@ def _attend_bucket(
     return o.transpose(1, 2).reshape(n * mq, num_heads, head_dim)
 
 
+def _plan(query: Tensor, key_cache: Tensor, params: PagedAttentionParams) -> CpuAttentionPlan:
+    """``params.plan`` when it was made for ``key_cache``'s block size and ``params.sliding_window``, else a new one."""
+    plan, block_size = params.plan, key_cache.shape[1]
+    if plan is not None and plan.matches(block_size, params.sliding_window):
+        return plan
+    return plan_paged_attention_cpu(
+        params.block_tables,
+        params.seq_lens,
+        params.query_start_loc,
+        block_size=block_size,
+        num_heads=query.shape[1],
+        num_kv_heads=key_cache.shape[2],
+        head_dim=query.shape[2],
+        sliding_window=params.sliding_window,
+    )
+
+
 def paged_attention_cpu(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    *,
-    max_query_len: int,
-    max_seq_len: int,
-    scale: float,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    out: torch.Tensor | None = None,
-    plan: CpuAttentionPlan | None = None,
-) -> torch.Tensor:
+    query: Tensor, key_cache: Tensor, value_cache: Tensor, params: PagedAttentionParams, *, out: Tensor | None = None
+) -> Tensor:
     """Same contract as :func:`~vllite.kernels.reference.paged_attention_ref`, cost proportional to each context.
 
-    ``plan`` (from :func:`~vllite.kernels.cpu_plan.plan_paged_attention_cpu` for the same metadata, block size
-    and ``sliding_window``) is built here when not given; a forward pass builds it once and passes it to every
-    layer. ``max_query_len`` and ``max_seq_len`` are not needed (the plan reads the lengths).
+    ``params.plan`` (from :func:`~vllite.kernels.cpu_plan.plan_paged_attention_cpu` for the same metadata, block
+    size and ``sliding_window``) is built here when missing or made for another window; a forward pass builds it
+    once and passes it to every layer. ``max_query_len`` only tells a pure decode batch (one token per sequence),
+    which the compiled kernel of :mod:`vllite.kernels.cpu_decode` serves when it can.
     """
-    num_tokens, num_heads, head_dim = query.shape
-    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
-    if num_heads % num_kv_heads:
-        raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
-    num_seqs = seq_lens.shape[0]
-    if max_query_len == 1 and sliding_window is None and softcap is None and num_tokens == num_seqs:
+    gqa_group(query, key_cache)
+    num_tokens = query.shape[0]
+    decode = params.max_query_len == 1 and num_tokens == params.num_seqs
+    if decode and params.sliding_window is None and params.softcap is None:
         # Pure decode (one query token per sequence): the compiled kernel reads the cache through the block
         # tables, without gathering the contexts (see vllite.kernels.cpu_decode).
-        result = paged_decode_attention(query, key_cache, value_cache, block_tables, seq_lens, scale=scale, out=out)
+        tables, lens = params.block_tables, params.seq_lens
+        result = paged_decode_attention(query, key_cache, value_cache, tables, lens, scale=params.scale, out=out)
         if result is not None:
             return result
-    if plan is None or not plan.matches(block_size, sliding_window):
-        plan = plan_paged_attention_cpu(
-            block_tables,
-            seq_lens,
-            query_start_loc,
-            block_size=block_size,
-            num_heads=num_heads,
-            num_kv_heads=num_kv_heads,
-            head_dim=head_dim,
-            sliding_window=sliding_window,
-        )
+    plan = _plan(query, key_cache, params)
     num_valid = plan.num_valid_tokens
     if num_valid == 0:
         return query.new_zeros(query.shape) if out is None else out
@@ -196,7 +179,7 @@ def paged_attention_cpu(
     torch.index_select(key_cache, 0, plan.block_index, out=keys)
     torch.index_select(value_cache, 0, plan.block_index, out=values)
     q_rows = query if plan.query_index is None else query.index_select(0, plan.query_index)
-    outs = [_attend_bucket(b, q_rows, keys, values, scale=scale, softcap=softcap) for b in plan.buckets]
+    outs = [_attend_bucket(b, q_rows, keys, values, scale=params.scale, softcap=params.softcap) for b in plan.buckets]
     result = outs[0] if len(outs) == 1 else torch.cat(outs)
     if out is None and num_tokens == num_valid:
         if plan.out_index is None:

@@ -24,11 +24,12 @@ that would be the identity are ``None``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
-__all__ = ["AttentionBucket", "CpuAttentionPlan", "plan_paged_attention_cpu"]
+__all__ = ["AttentionBucket", "CacheSlots", "CpuAttentionPlan", "plan_paged_attention_cpu"]
 
 #: Query lengths up to this share buckets with others of the same length; longer ones are prefill-like.
 SHORT_QUERY_MAX = 16
@@ -82,6 +83,24 @@ class AttentionBucket:
         return base
 
 
+class CacheSlots(NamedTuple):
+    """A ``slot_mapping`` prepared for the CPU cache write: ``slots`` its non-negative entries (int64), ``rows``
+    the rows of ``key``/``value`` they belong to (``None`` when no entry was dropped)."""
+
+    slots: torch.Tensor
+    rows: torch.Tensor | None
+
+    @classmethod
+    def of(cls, slot_mapping: torch.Tensor) -> CacheSlots:
+        """``slot_mapping`` ``[num_tokens]`` with its ``-1`` (padding) entries dropped."""
+        slots = slot_mapping.to(torch.int64)
+        keep = slots >= 0
+        if bool(keep.all()):
+            return cls(slots, None)
+        rows = keep.nonzero().squeeze(1)
+        return cls(slots[rows], rows)
+
+
 @dataclass
 class CpuAttentionPlan:
     """Everything :func:`~vllite.kernels.cpu_attention.paged_attention_cpu` needs besides the tensors.
@@ -89,8 +108,8 @@ class CpuAttentionPlan:
     ``block_index`` ``[total_blocks]`` int64: the cache blocks to gather, bucket after bucket.
     ``query_index`` ``[total_rows]`` int64 or ``None`` (identity): the packed query rows, bucket after bucket.
     ``out_index`` ``[num_valid_tokens]`` int64 or ``None`` (identity): each packed token's row of the bucket
-    outputs concatenated. ``slots``/``slot_rows``: the cache-write slots with the ``-1`` entries dropped, and the
-    rows they come from (``None`` when no row is dropped), or ``slots is None`` when no slot mapping was given.
+    outputs concatenated. ``slots``: the cache-write slots prepared for
+    :func:`~vllite.kernels.cpu_attention.reshape_and_cache_cpu`, or ``None`` when no slot mapping was given.
     """
 
     block_size: int
@@ -100,8 +119,7 @@ class CpuAttentionPlan:
     block_index: torch.Tensor
     query_index: torch.Tensor | None
     out_index: torch.Tensor | None
-    slots: torch.Tensor | None = None
-    slot_rows: torch.Tensor | None = None
+    slots: CacheSlots | None = None
 
     def matches(self, block_size: int, sliding_window: int | None) -> bool:
         """Whether this plan was built for ``block_size`` and ``sliding_window``."""
@@ -228,7 +246,7 @@ def plan_paged_attention_cpu(
     num_rows = int((sizes * bucket_q).sum())
 
     identity = num_rows == num_valid and bool((query_index == np.arange(num_valid)).all())
-    plan = CpuAttentionPlan(
+    return CpuAttentionPlan(
         block_size=block_size,
         sliding_window=sliding_window,
         num_valid_tokens=num_valid,
@@ -236,13 +254,5 @@ def plan_paged_attention_cpu(
         block_index=torch.from_numpy(block_index),
         query_index=None if identity else torch.from_numpy(query_index),
         out_index=None if identity else torch.from_numpy(out_index),
+        slots=None if slot_mapping is None else CacheSlots.of(slot_mapping),
     )
-    if slot_mapping is not None:
-        slots = slot_mapping.to(torch.int64)
-        keep = slots >= 0
-        if bool(keep.all()):
-            plan.slots = slots
-        else:
-            rows = keep.nonzero().squeeze(1)
-            plan.slots, plan.slot_rows = slots[rows], rows
-    return plan

@@ -17,6 +17,9 @@ from __future__ import annotations
 import threading
 
 import torch
+from torch import Tensor
+
+from vllite.kernels.params import PagedAttentionParams, gqa_group
 
 __all__ = ["paged_attention_ref", "reshape_and_cache_ref"]
 
@@ -25,7 +28,7 @@ __all__ = ["paged_attention_ref", "reshape_and_cache_ref"]
 _scratch = threading.local()
 
 
-def _gather_blocks(cache: torch.Tensor, blocks: torch.Tensor, slot: int) -> torch.Tensor:
+def _gather_blocks(cache: Tensor, blocks: Tensor, slot: int) -> Tensor:
     """``cache[blocks]`` written into a reused per-thread buffer; valid until the next gather of ``slot``."""
     buffers: dict = _scratch.__dict__.setdefault("buffers", {})
     key = (slot, cache.dtype, cache.device)
@@ -42,11 +45,7 @@ def _gather_blocks(cache: torch.Tensor, blocks: torch.Tensor, slot: int) -> torc
 
 
 def reshape_and_cache_ref(
-    key: torch.Tensor,
-    value: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
+    key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor
 ) -> None:
     """Write ``key``/``value`` rows into the paged caches in place.
 
@@ -70,34 +69,16 @@ def reshape_and_cache_ref(
 
 
 def paged_attention_ref(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    *,
-    max_query_len: int,
-    max_seq_len: int,
-    scale: float,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
+    query: Tensor, key_cache: Tensor, value_cache: Tensor, params: PagedAttentionParams, *, out: Tensor | None = None
+) -> Tensor:
     """Causal grouped-query attention of packed queries over a paged KV cache (mixed prefill + decode).
 
     Args:
         query: ``[num_tokens, num_heads, head_dim]``, the query tokens of all sequences back to back.
         key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``; the K/V of this step's
             tokens must already be written (see :func:`reshape_and_cache_ref`).
-        block_tables: ``[num_seqs, max_blocks_per_seq]`` integer block ids; entries past a sequence's
-            length are ignored (they may hold any value).
-        seq_lens: ``[num_seqs]`` integer, total context length including this step's query tokens.
-        query_start_loc: ``[num_seqs + 1]`` integer cumulative query offsets into ``query``.
-        max_query_len, max_seq_len: upper bounds of the query lengths and of ``seq_lens``.
-        scale: multiplier of ``q @ k``, applied after the matmul (as Hugging Face eager does).
-        sliding_window: when given, query position ``p`` sees keys at positions ``> p - sliding_window``.
-        softcap: when given, scores become ``softcap * tanh(scores / softcap)`` (after scaling).
+        params: the step's batch layout and the layer's scale, window and softcap (see
+            :class:`~vllite.kernels.params.PagedAttentionParams`).
         out: optional ``[num_tokens, num_heads, head_dim]`` tensor to write into and return.
 
     Query token ``i`` of sequence ``s`` sits at position ``seq_lens[s] - query_len[s] + i`` and attends to
@@ -105,25 +86,22 @@ def paged_attention_ref(
     ``query``'s dtype. Rows of ``query`` past ``query_start_loc[-1]`` (padding) are left zero (or as they
     were in ``out``). ``num_heads`` must be a multiple of ``num_kv_heads``.
     """
-    num_tokens, num_heads, _ = query.shape
-    num_kv_heads = key_cache.shape[2]
-    if num_heads % num_kv_heads:
-        raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+    gqa_group(query, key_cache)
     if out is None:
         out = torch.zeros_like(query)
-    num_seqs = seq_lens.shape[0]
-    if num_seqs == 0 or num_tokens == 0:
+    num_seqs = params.num_seqs
+    if num_seqs == 0 or query.shape[0] == 0:
         return out
 
     device = query.device
-    qsl = query_start_loc.to(device=device, dtype=torch.int64)
+    qsl = params.query_start_loc.to(device=device, dtype=torch.int64)
     query_lens = qsl[1:] - qsl[:-1]
-    lens = seq_lens.to(device=device, dtype=torch.int64)
+    lens = params.seq_lens.to(device=device, dtype=torch.int64)
     is_decode = query_lens == 1
     n_decode = int(is_decode.sum())
-    groups: list[tuple[torch.Tensor | None, int, int]]
+    groups: list[tuple[Tensor | None, int, int]]
     if n_decode in (0, num_seqs):
-        groups = [(None, max_query_len, max_seq_len)]
+        groups = [(None, params.max_query_len, params.max_seq_len)]
     else:
         groups = []
         for mask in (is_decode, ~is_decode):
@@ -137,37 +115,34 @@ def paged_attention_ref(
             query,
             key_cache,
             value_cache,
-            block_tables.to(device)[seq_ids].to(torch.int64),
+            params.block_tables.to(device)[seq_ids].to(torch.int64),
             lens[seq_ids],
             qsl[seq_ids],
             query_lens[seq_ids],
             max_query_len=max(group_q_len, 1),
             max_seq_len=max(group_seq_len, 1),
-            scale=scale,
-            sliding_window=sliding_window,
-            softcap=softcap,
+            params=params,
             out=out,
         )
     return out
 
 
 def _attend_group(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    q_starts: torch.Tensor,
-    query_lens: torch.Tensor,
+    query: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    block_tables: Tensor,
+    seq_lens: Tensor,
+    q_starts: Tensor,
+    query_lens: Tensor,
     *,
     max_query_len: int,
     max_seq_len: int,
-    scale: float,
-    sliding_window: int | None,
-    softcap: float | None,
-    out: torch.Tensor,
+    params: PagedAttentionParams,
+    out: Tensor,
 ) -> None:
-    """Attend one group of sequences (padded to the group's maxima) and scatter the rows into ``out``."""
+    """Attend one group of sequences (padded to the group's maxima, with ``params``' scale, window and softcap)
+    and scatter the rows into ``out``."""
     device = query.device
     num_seqs = seq_lens.shape[0]
     _, num_heads, head_dim = query.shape
@@ -198,7 +173,8 @@ def _attend_group(
         q_h = q[:, :, h].reshape(num_seqs, rows, head_dim)
         torch.bmm(q_h, keys[:, :, h].transpose(1, 2), out=scores[h])
     scores = scores.view(num_kv_heads, num_seqs, max_query_len, group, ctx_len)
-    scores.mul_(scale)
+    scores.mul_(params.scale)
+    softcap, sliding_window = params.softcap, params.sliding_window
     if softcap is not None:
         scores.div_(softcap).tanh_().mul_(softcap)
 

@@ -18,6 +18,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from torch import Tensor
+
+from vllite.kernels.params import PagedAttentionParams, gqa_group
 
 __all__ = ["paged_attention_triton", "reshape_and_cache_triton"]
 
@@ -68,11 +71,7 @@ def _reshape_and_cache_kernel(
 
 
 def reshape_and_cache_triton(
-    key: torch.Tensor,
-    value: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
+    key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor
 ) -> None:
     """Triton twin of :func:`vllite.kernels.reference.reshape_and_cache_ref` (same shapes and promises).
 
@@ -244,43 +243,29 @@ def _paged_attention_kernel(
 
 
 def paged_attention_triton(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    *,
-    max_query_len: int,
-    max_seq_len: int,
-    scale: float,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
+    query: Tensor, key_cache: Tensor, value_cache: Tensor, params: PagedAttentionParams, *, out: Tensor | None = None
+) -> Tensor:
     """Triton twin of :func:`vllite.kernels.reference.paged_attention_ref` (same arguments and promises).
 
     ``query`` ``[num_tokens, num_heads, head_dim]`` packed; caches ``[num_blocks, block_size, num_kv_heads,
-    head_dim]``; ``block_tables`` ``[num_seqs, max_blocks_per_seq]`` int32; ``seq_lens`` ``[num_seqs]`` int32
-    (including this step's tokens); ``query_start_loc`` ``[num_seqs + 1]`` int32. Returns (or fills ``out``)
-    ``[num_tokens, num_heads, head_dim]`` in ``query``'s dtype; rows past ``query_start_loc[-1]`` are not
-    written. Scores and softmax accumulate in float32 (float32 inputs use exact IEEE dot products). Launches
-    without a host sync: ``max_query_len`` only picks the tile shape.
+    head_dim]``; ``params.block_tables`` ``[num_seqs, max_blocks_per_seq]`` int32; ``params.seq_lens``
+    ``[num_seqs]`` int32 (including this step's tokens); ``params.query_start_loc`` ``[num_seqs + 1]`` int32.
+    Returns (or fills ``out``) ``[num_tokens, num_heads, head_dim]`` in ``query``'s dtype; rows past
+    ``query_start_loc[-1]`` are not written. Scores and softmax accumulate in float32 (float32 inputs use exact
+    IEEE dot products). Launches without a host sync: ``max_query_len`` only picks the tile shape.
     """
-    num_tokens, num_heads, head_dim = query.shape
-    _, block_size, num_kv_heads, _ = key_cache.shape
-    if num_heads % num_kv_heads:
-        raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+    group = gqa_group(query, key_cache)
     if out is None:
         out = torch.empty_like(query)
-    num_seqs = seq_lens.shape[0]
+    num_tokens, num_seqs = query.shape[0], params.num_seqs
     if num_tokens == 0 or num_seqs == 0:
         return out
 
-    group = num_heads // num_kv_heads
-    block_m = max(16 if max_query_len <= 1 else 64, triton.next_power_of_2(group))
+    head_dim, (_, block_size, num_kv_heads, _) = query.shape[2], key_cache.shape
+    sliding_window, softcap = params.sliding_window, params.softcap
+    block_m = max(16 if params.max_query_len <= 1 else 64, triton.next_power_of_2(group))
     block_q = block_m // group
-    tile_n = min(64, max(16, triton.next_power_of_2(max_seq_len)))
+    tile_n = min(64, max(16, triton.next_power_of_2(params.max_seq_len)))
     head_pad = max(16, triton.next_power_of_2(head_dim))
     grid = (num_tokens // block_q + num_seqs, num_kv_heads)
     _paged_attention_kernel[grid](
@@ -288,18 +273,18 @@ def paged_attention_triton(
         key_cache,
         value_cache,
         out,
-        block_tables,
-        seq_lens,
-        query_start_loc,
+        params.block_tables,
+        params.seq_lens,
+        params.query_start_loc,
         num_seqs,
-        float(scale),
+        float(params.scale),
         float(softcap) if softcap is not None else 1.0,
         int(sliding_window) if sliding_window is not None else 0,
         *query.stride(),
         *out.stride(),
         *key_cache.stride(),
         *value_cache.stride(),
-        block_tables.stride(0),
+        params.block_tables.stride(0),
         BLOCK_SIZE=block_size,
         GROUP=group,
         HEAD_DIM=head_dim,

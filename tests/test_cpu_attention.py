@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.test_kernels import make_case, naive_attention
-from vllite.kernels import paged_attention, plan_paged_attention, reshape_and_cache
+from vllite.kernels import PagedAttentionParams, paged_attention, plan_paged_attention, reshape_and_cache
 from vllite.kernels.cpu_attention import paged_attention_cpu, reshape_and_cache_cpu
 from vllite.kernels.cpu_plan import plan_paged_attention_cpu
 from vllite.kernels.reference import paged_attention_ref, reshape_and_cache_ref
@@ -68,14 +68,14 @@ def test_random_batches_match_reference(seed: int) -> None:
         extra_tokens=rng.choice([0, 2]),
     )
     kw = dict(scale=head_dim**-0.5, sliding_window=window, softcap=softcap)
-    expect = paged_attention_ref(*case.args(), **case.kwargs(), **kw)
-    got = paged_attention_cpu(*case.args(), **case.kwargs(), **kw)
+    expect = paged_attention_ref(*case.args(**kw))
+    got = paged_attention_cpu(*case.args(**kw))
     assert got.shape == expect.shape and got.dtype == expect.dtype
     torch.testing.assert_close(got, expect, atol=2e-5, rtol=1e-5)
     # The same plan serves any number of calls (layers).
     plan = plan_for(case, sliding_window=window)
-    again = paged_attention_cpu(*case.args(), **case.kwargs(), **kw, plan=plan)
-    assert torch.equal(paged_attention_cpu(*case.args(), **case.kwargs(), **kw, plan=plan), again)
+    again = paged_attention_cpu(*case.args(**kw, plan=plan))
+    assert torch.equal(paged_attention_cpu(*case.args(**kw, plan=plan)), again)
     torch.testing.assert_close(again, expect, atol=2e-5, rtol=1e-5)
 
 
@@ -84,7 +84,7 @@ def test_mixed_batch_matches_naive_definition(sliding_window: int | None, softca
     specs = [(20, 1), (0, 17), (33, 5), (47, 1), (0, 1), (16, 16), (300, 1), (250, 4), (120, 40)]
     case = make_case(specs, num_heads=6, num_kv_heads=2, head_dim=16, block_size=16, seed=7)
     kw = dict(scale=0.3, sliding_window=sliding_window, softcap=softcap)
-    got = paged_attention_cpu(*case.args(), **case.kwargs(), **kw)
+    got = paged_attention_cpu(*case.args(**kw))
     torch.testing.assert_close(got.double(), naive_attention(case, **kw), atol=2e-5, rtol=1e-5)
 
 
@@ -92,8 +92,8 @@ def test_mixed_batch_matches_naive_definition(sliding_window: int | None, softca
 def test_half_precision_matches_reference(dtype: torch.dtype) -> None:
     specs = [(700, 1), (16, 1), (0, 40), (90, 4), (300, 1)]
     case = make_case(specs, num_heads=8, num_kv_heads=2, head_dim=32, block_size=16, dtype=dtype, seed=4)
-    expect = paged_attention_ref(*case.args(), **case.kwargs(), scale=32**-0.5)
-    got = paged_attention_cpu(*case.args(), **case.kwargs(), scale=32**-0.5)
+    expect = paged_attention_ref(*case.args(scale=32**-0.5))
+    got = paged_attention_cpu(*case.args(scale=32**-0.5))
     assert got.dtype == dtype
     torch.testing.assert_close(got.float(), expect.float(), atol=2e-2, rtol=2e-2)
 
@@ -102,13 +102,13 @@ def test_padding_rows_and_out_are_respected() -> None:
     specs = [(5, 1), (0, 9), (3, 4), (40, 1)]
     case = make_case(specs, num_heads=2, num_kv_heads=1, head_dim=8, block_size=4, extra_tokens=3)
     out = torch.full_like(case.query, 7.0)
-    got = paged_attention_cpu(*case.args(), **case.kwargs(), scale=0.5, out=out)
+    got = paged_attention_cpu(*case.args(scale=0.5), out=out)
     assert got is out
     valid = int(case.query_start_loc[-1])
-    expect = paged_attention_ref(*case.args(), **case.kwargs(), scale=0.5)
+    expect = paged_attention_ref(*case.args(scale=0.5))
     torch.testing.assert_close(got[:valid], expect[:valid], atol=1e-5, rtol=1e-5)
     assert torch.equal(got[valid:], torch.full_like(got[valid:], 7.0))
-    fresh = paged_attention_cpu(*case.args(), **case.kwargs(), scale=0.5)
+    fresh = paged_attention_cpu(*case.args(scale=0.5))
     assert torch.equal(fresh[valid:], torch.zeros_like(fresh[valid:]))
 
 
@@ -139,16 +139,16 @@ def test_sliding_window_gathers_only_reachable_blocks() -> None:
     # Each decode-like query reaches back at most 32 + q_len tokens: 3-4 blocks instead of 51 and 32.
     assert all(b.num_blocks <= 4 for b in plan.buckets if b.q_len <= 3)
     kw = dict(scale=0.25, sliding_window=32)
-    expect = paged_attention_ref(*case.args(), **case.kwargs(), **kw)
-    torch.testing.assert_close(paged_attention_cpu(*case.args(), **case.kwargs(), **kw, plan=plan), expect)
+    expect = paged_attention_ref(*case.args(**kw))
+    torch.testing.assert_close(paged_attention_cpu(*case.args(**kw, plan=plan)), expect)
 
 
 def test_a_plan_for_another_window_is_not_used() -> None:
     case = make_case([(60, 1), (30, 2)], num_heads=2, num_kv_heads=1, head_dim=8, block_size=4)
     wrong = plan_for(case, sliding_window=None)
     kw = dict(scale=0.5, sliding_window=5)
-    expect = paged_attention_ref(*case.args(), **case.kwargs(), **kw)
-    torch.testing.assert_close(paged_attention_cpu(*case.args(), **case.kwargs(), **kw, plan=wrong), expect)
+    expect = paged_attention_ref(*case.args(**kw))
+    torch.testing.assert_close(paged_attention_cpu(*case.args(**kw, plan=wrong)), expect)
 
 
 def test_reshape_and_cache_cpu_matches_reference_with_padding_slots() -> None:
@@ -161,15 +161,18 @@ def test_reshape_and_cache_cpu_matches_reference_with_padding_slots() -> None:
     reshape_and_cache_ref(key, value, ref_k, ref_v, slots)
     case = make_case([(2, 3)], num_heads=2, num_kv_heads=2, head_dim=8, block_size=4)
     plan = plan_for(case, slot_mapping=slots)
-    assert plan.slot_rows is not None and plan.slot_rows.tolist() == [0, 2, 3]
-    for kw in ({}, {"plan": plan}):
+    assert plan.slots is not None and plan.slots.rows is not None and plan.slots.rows.tolist() == [0, 2, 3]
+    for mapping in (slots, plan.slots):
         k, v = key_cache.clone(), value_cache.clone()
-        reshape_and_cache_cpu(key, value, k, v, slots, **kw)
+        reshape_and_cache_cpu(key, value, k, v, mapping)
         assert torch.equal(k, ref_k) and torch.equal(v, ref_v)
-    # Caches that are not one flat view (a strided slice) go through the reference.
-    k2, v2 = torch.cat([key_cache, key_cache], 2)[:, :, :2], torch.cat([value_cache, value_cache], 2)[:, :, :2]
-    reshape_and_cache(key, value, k2, v2, slots)
-    assert torch.equal(k2, ref_k) and torch.equal(v2, ref_v)
+        k, v = key_cache.clone(), value_cache.clone()
+        reshape_and_cache(key, value, k, v, slots, plan=plan if mapping is plan.slots else None)
+        assert torch.equal(k, ref_k) and torch.equal(v, ref_v)
+        # Caches that are not one flat view (a strided slice) go through the reference.
+        k2, v2 = torch.cat([key_cache, key_cache], 2)[:, :, :2], torch.cat([value_cache, value_cache], 2)[:, :, :2]
+        reshape_and_cache_cpu(key, value, k2, v2, mapping)
+        assert torch.equal(k2, ref_k) and torch.equal(v2, ref_v)
 
 
 def test_dispatchers_and_plan_on_cpu() -> None:
@@ -178,8 +181,8 @@ def test_dispatchers_and_plan_on_cpu() -> None:
         case.block_tables, case.seq_lens, case.query_start_loc, key_cache=case.key_cache, num_heads=4
     )
     assert plan is not None and plan.block_size == 4
-    expect = paged_attention_ref(*case.args(), **case.kwargs(), scale=0.4)
-    torch.testing.assert_close(paged_attention(*case.args(), **case.kwargs(), scale=0.4, plan=plan), expect)
+    expect = paged_attention_ref(*case.args(scale=0.4))
+    torch.testing.assert_close(paged_attention(*case.args(scale=0.4, plan=plan)), expect)
 
 
 def test_attention_layer_builds_one_plan_per_forward_and_window() -> None:
@@ -220,15 +223,10 @@ def test_attention_layer_builds_one_plan_per_forward_and_window() -> None:
         outs = [attn.paged_attention_forward(m, query, key, value, None)[0][0] for m in layers]
     assert ctx.num_calls == 3 and set(ctx.plans) == {None, 6}
     assert ctx.plans[None].slots is not None
+    assert set(ctx.params) == {None, 6} and ctx.params[6].plan is ctx.plans[6]
     for module, got in zip(layers, outs):
-        expect = paged_attention_ref(
-            case.query,
-            *caches[module.layer_idx],
-            *case.args()[3:],
-            **case.kwargs(),
-            scale=0.35,
-            sliding_window=module.sliding_window,
-        )
+        params = case.params(scale=0.35, sliding_window=module.sliding_window)
+        expect = paged_attention_ref(case.query, *caches[module.layer_idx], params)
         assert got.shape == (num_tokens, 4, 8)
         torch.testing.assert_close(got, expect, atol=1e-5, rtol=1e-5)
         layer_k, layer_v = caches[module.layer_idx]
@@ -245,7 +243,7 @@ def test_sequences_without_query_tokens_are_skipped() -> None:
     keep = torch.tensor([0, 4, 5])
     qsl = torch.tensor([0, 1, 1, 3], dtype=torch.int32)
     seq_lens = torch.tensor([8, 3, 7], dtype=torch.int32)
-    args = (case.query[keep], case.key_cache, case.value_cache, case.block_tables, seq_lens, qsl)
-    kw = dict(max_query_len=2, max_seq_len=8, scale=0.5)
-    expect = paged_attention_ref(*args, **kw)
-    torch.testing.assert_close(paged_attention_cpu(*args, **kw), expect)
+    params = PagedAttentionParams(case.block_tables, seq_lens, qsl, max_query_len=2, max_seq_len=8, scale=0.5)
+    args = (case.query[keep], case.key_cache, case.value_cache, params)
+    expect = paged_attention_ref(*args)
+    torch.testing.assert_close(paged_attention_cpu(*args), expect)

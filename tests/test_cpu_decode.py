@@ -11,7 +11,7 @@ import shutil
 import pytest
 import torch
 
-from vllite.kernels import cpu_decode
+from vllite.kernels import PagedAttentionParams, cpu_decode
 from vllite.kernels.cpu_attention import paged_attention_cpu
 from vllite.kernels.reference import paged_attention_ref
 
@@ -63,12 +63,13 @@ def test_decode_kernel_equals_the_reference(heads, kv_heads, head_dim, block_siz
         num_seqs, heads, kv_heads, head_dim, block_size, seed=heads + block_size
     )
     scale = head_dim**-0.5
-    expected = paged_attention_ref(q, k, v, tables, lens, starts, max_query_len=1, max_seq_len=300, scale=scale)
+    params = PagedAttentionParams(tables, lens, starts, max_query_len=1, max_seq_len=300, scale=scale)
+    expected = paged_attention_ref(q, k, v, params)
     direct = cpu_decode.paged_decode_attention(q, k, v, tables, lens, scale=scale)
     assert direct is not None
     torch.testing.assert_close(direct, expected, rtol=1e-5, atol=1e-5)
     out = torch.full_like(q, float("nan"))
-    routed = paged_attention_cpu(q, k, v, tables, lens, starts, max_query_len=1, max_seq_len=300, scale=scale, out=out)
+    routed = paged_attention_cpu(q, k, v, params, out=out)
     assert routed is out
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
@@ -79,8 +80,9 @@ def test_switched_off_it_leaves_decode_to_the_torch_path(monkeypatch):
     try:
         q, k, v, tables, lens, starts = _decode_case(5, 4, 2, 16, 16, seed=3)
         assert cpu_decode.paged_decode_attention(q, k, v, tables, lens, scale=0.25) is None
-        expected = paged_attention_ref(q, k, v, tables, lens, starts, max_query_len=1, max_seq_len=300, scale=0.25)
-        got = paged_attention_cpu(q, k, v, tables, lens, starts, max_query_len=1, max_seq_len=300, scale=0.25)
+        params = PagedAttentionParams(tables, lens, starts, max_query_len=1, max_seq_len=300, scale=0.25)
+        expected = paged_attention_ref(q, k, v, params)
+        got = paged_attention_cpu(q, k, v, params)
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     finally:
         monkeypatch.delenv("VLLITE_CPU_DECODE_KERNEL")

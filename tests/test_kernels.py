@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import torch
 
-from vllite.kernels import is_triton_available, paged_attention, reshape_and_cache
+from vllite.kernels import PagedAttentionParams, is_triton_available, paged_attention, reshape_and_cache
 from vllite.kernels.reference import paged_attention_ref, reshape_and_cache_ref
 
 # --------------------------------------------------------------------------------------------- fixtures
@@ -33,18 +34,20 @@ class PagedCase:
     max_query_len: int
     max_seq_len: int
 
-    def kwargs(self) -> dict:
-        return dict(max_query_len=self.max_query_len, max_seq_len=self.max_seq_len)
-
-    def args(self) -> tuple:
-        return (
-            self.query,
-            self.key_cache,
-            self.value_cache,
+    def params(self, **layer: Any) -> PagedAttentionParams:
+        """The batch's kernel arguments with the layer settings ``layer`` (``scale``, ``sliding_window``, ...)."""
+        return PagedAttentionParams(
             self.block_tables,
             self.seq_lens,
             self.query_start_loc,
+            max_query_len=self.max_query_len,
+            max_seq_len=self.max_seq_len,
+            **layer,
         )
+
+    def args(self, **layer: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, PagedAttentionParams]:
+        """``(query, key_cache, value_cache, params)``: the positional arguments of every attention kernel."""
+        return self.query, self.key_cache, self.value_cache, self.params(**layer)
 
 
 def make_case(
@@ -177,7 +180,7 @@ def test_reshape_and_cache_dispatch_casts_to_cache_dtype() -> None:
 def test_paged_attention_ref_matches_naive(num_heads: int, num_kv_heads: int, head_dim: int, block_size: int) -> None:
     case = make_case(MIXED, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size)
     scale = head_dim**-0.5
-    got = paged_attention_ref(*case.args(), **case.kwargs(), scale=scale)
+    got = paged_attention_ref(*case.args(scale=scale))
     assert got.shape == case.query.shape and got.dtype == torch.float32
     torch.testing.assert_close(got.double(), naive_attention(case, scale=scale), atol=1e-5, rtol=1e-5)
 
@@ -186,7 +189,7 @@ def test_paged_attention_ref_matches_naive(num_heads: int, num_kv_heads: int, he
 def test_paged_attention_ref_window_and_softcap(sliding_window: int | None, softcap: float | None) -> None:
     case = make_case(MIXED, num_heads=4, num_kv_heads=2, head_dim=16, block_size=16, seed=3)
     kw = dict(scale=0.7, sliding_window=sliding_window, softcap=softcap)
-    got = paged_attention_ref(*case.args(), **case.kwargs(), **kw)
+    got = paged_attention_ref(*case.args(**kw))
     torch.testing.assert_close(got.double(), naive_attention(case, **kw), atol=1e-5, rtol=1e-5)
 
 
@@ -194,7 +197,7 @@ def test_paged_attention_ref_single_group_and_padding_rows_and_out() -> None:
     # All-prefill batch (one padded group), two padding query rows past query_start_loc[-1], and `out=`.
     case = make_case([(0, 9), (3, 4)], num_heads=2, num_kv_heads=1, head_dim=8, block_size=4, extra_tokens=2)
     out = torch.full_like(case.query, 7.0)
-    got = paged_attention(*case.args(), **case.kwargs(), scale=0.5, out=out)
+    got = paged_attention(*case.args(scale=0.5), out=out)
     assert got is out
     expect = naive_attention(case, scale=0.5)
     torch.testing.assert_close(got[:13].double(), expect[:13], atol=1e-5, rtol=1e-5)
@@ -212,23 +215,23 @@ def test_paged_attention_ref_matches_hf_eager_attention() -> None:
     module.num_key_value_groups = 2
     module.eval()
     hf, _ = llama.eager_attention_forward(module, q, k, v, mask, scaling=0.25, dropout=0.0)
-    got = paged_attention_ref(*case.args(), **case.kwargs(), scale=0.25)
+    got = paged_attention_ref(*case.args(scale=0.25))
     torch.testing.assert_close(got, hf[0], atol=2e-6, rtol=1e-5)
 
 
 def test_paged_attention_rejects_bad_gqa() -> None:
     case = make_case([(0, 2)], num_heads=3, num_kv_heads=2, head_dim=8, block_size=4)
     with pytest.raises(ValueError, match="multiple"):
-        paged_attention_ref(*case.args(), **case.kwargs(), scale=1.0)
+        paged_attention_ref(*case.args(scale=1.0))
 
 
 def test_dispatch_uses_the_variable_length_path_on_cpu() -> None:
     from vllite.kernels.cpu_attention import paged_attention_cpu
 
     case = make_case(TINY, num_heads=2, num_kv_heads=1, head_dim=8, block_size=4)
-    expect = paged_attention_cpu(*case.args(), **case.kwargs(), scale=0.3)
-    assert torch.equal(paged_attention(*case.args(), **case.kwargs(), scale=0.3), expect)
-    reference = paged_attention_ref(*case.args(), **case.kwargs(), scale=0.3)
+    expect = paged_attention_cpu(*case.args(scale=0.3))
+    assert torch.equal(paged_attention(*case.args(scale=0.3)), expect)
+    reference = paged_attention_ref(*case.args(scale=0.3))
     torch.testing.assert_close(expect, reference, atol=1e-5, rtol=1e-5)
     assert isinstance(is_triton_available(), bool)
 
@@ -288,8 +291,8 @@ def test_paged_attention_triton_interpreter_matches_ref(
         extra_tokens=1,
     )
     kw = dict(scale=head_dim**-0.5, sliding_window=sliding_window, softcap=softcap)
-    expect = paged_attention_ref(*case.args(), **case.kwargs(), **kw)
-    got = paged_attention_triton(*case.args(), **case.kwargs(), **kw, out=torch.zeros_like(case.query))
+    expect = paged_attention_ref(*case.args(**kw))
+    got = paged_attention_triton(*case.args(**kw), out=torch.zeros_like(case.query))
     torch.testing.assert_close(got, expect, atol=1e-5, rtol=1e-5)
 
 
@@ -324,11 +327,11 @@ def test_paged_attention_triton_cuda_matches_ref(
         device="cuda",
     )
     kw = dict(scale=head_dim**-0.5, sliding_window=sliding_window, softcap=softcap)
-    expect = paged_attention_ref(*case.args(), **case.kwargs(), **kw)
-    got = paged_attention_triton(*case.args(), **case.kwargs(), **kw)
+    expect = paged_attention_ref(*case.args(**kw))
+    got = paged_attention_triton(*case.args(**kw))
     assert got.dtype == dtype
     torch.testing.assert_close(got.float(), expect.float(), atol=atol, rtol=atol)
-    assert torch.equal(paged_attention(*case.args(), **case.kwargs(), **kw), got)
+    assert torch.equal(paged_attention(*case.args(**kw)), got)
 
 
 @pytest.mark.cuda
@@ -354,15 +357,15 @@ def test_reference_works_in_and_out_of_inference_mode():
     key_cache = torch.randn(8, 4, 2, 8)
     value_cache = torch.randn(8, 4, 2, 8)
     query = torch.randn(3, 4, 8)
-    args = (
-        key_cache,
-        value_cache,
+    params = PagedAttentionParams(
         torch.tensor([[1, 2], [3, 4], [5, 6]], dtype=torch.int32),
         torch.tensor([5, 3, 7], dtype=torch.int32),
         torch.tensor([0, 1, 2, 3], dtype=torch.int32),
+        max_query_len=1,
+        max_seq_len=7,
+        scale=0.35,
     )
-    kwargs = {"max_query_len": 1, "max_seq_len": 7, "scale": 0.35}
     with torch.inference_mode():
-        inside = paged_attention_ref(query, *args, **kwargs)
-    outside = paged_attention_ref(query, *args, **kwargs)
+        inside = paged_attention_ref(query, key_cache, value_cache, params)
+    outside = paged_attention_ref(query, key_cache, value_cache, params)
     torch.testing.assert_close(inside.clone(), outside)

@@ -15,10 +15,12 @@ tensors: each layer then calls ``wait_for_layer_load(name)`` before it touches t
 ``save_kv_layer(name, kv_layer, attn_metadata=...)`` after it wrote this step's keys and values; ``name`` is
 :func:`kv_layer_name`. Without a connector this costs one attribute test per layer.
 
-With vllite's own kernels, the first layer of a forward builds the step's attention plan
-(``vllite.kernels.plan_paged_attention``: on CPU, the length buckets, gather indices, masks and cache-write
-slots) and caches it on the forward context, one per distinct sliding window; every layer passes it to the
-kernels as ``plan=``. Kernels installed with :func:`set_kernels` are called without a plan.
+The first layer of a forward with a given sliding window builds the kernels' arguments for it
+(:class:`vllite.kernels.PagedAttentionParams`: the step's metadata, the layer's scale, window and softcap) and
+caches them on the forward context, so the other layers pass them on without building anything. With vllite's own
+kernels they carry the step's attention plan (``vllite.kernels.plan_paged_attention``: on CPU, the length buckets,
+gather indices, masks and cache-write slots), also built once per distinct sliding window, which the cache write
+gets as ``plan=``. Kernels installed with :func:`set_kernels` get no plan.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 import torch
 
 from vllite.exceptions import AttentionRoutingError
+from vllite.kernels.params import PagedAttentionParams
 
 ATTN_IMPLEMENTATION = "vllite_paged"
 
@@ -72,6 +75,7 @@ class _ForwardContext:
     kv_connector: Any = None  # the worker-role KV connector, if one is configured
     kv_layers: Sequence[torch.Tensor] = ()  # per layer [2, num_blocks, block_size, heads, dim] (with a connector)
     plans: dict[int | None, Any] = field(default_factory=dict)  # kernel plans of this forward, per sliding window
+    params: dict[int | None, PagedAttentionParams] = field(default_factory=dict)  # kernel arguments, per window
 
 
 _local = threading.local()
@@ -112,7 +116,11 @@ _planner: Callable[..., Any] | None = None
 
 
 def set_kernels(reshape_and_cache: Callable[..., Any], paged_attention: Callable[..., Any]) -> None:
-    """Overrides the cache-write and attention kernels (tests, alternative backends); they get no ``plan=``."""
+    """Overrides the cache-write and attention kernels (tests, alternative backends); they get no plan.
+
+    They are called as ``reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)`` and
+    ``paged_attention(query, key_cache, value_cache, params)`` with a :class:`vllite.kernels.PagedAttentionParams`.
+    """
     global _kernels, _planner
     _kernels = (reshape_and_cache, paged_attention)
     _planner = None
@@ -145,6 +153,32 @@ def _step_plan(ctx: _ForwardContext, key_cache: torch.Tensor, num_heads: int, sl
         slot_mapping=md.slot_mapping,
     )
     return plan
+
+
+def _layer_params(
+    ctx: _ForwardContext,
+    key_cache: torch.Tensor,
+    num_heads: int,
+    scale: float,
+    window: int | None,
+    softcap: float | None,
+) -> PagedAttentionParams:
+    """The forward's kernel arguments for a layer with these settings, built by the first layer that has them."""
+    params = ctx.params.get(window)
+    if params is None or params.scale != scale or params.softcap != softcap:
+        md = ctx.metadata
+        params = ctx.params[window] = PagedAttentionParams(
+            md.block_tables,
+            md.seq_lens,
+            md.query_start_loc,
+            max_query_len=md.max_query_len,
+            max_seq_len=md.max_seq_len,
+            scale=scale,
+            sliding_window=window,
+            softcap=softcap,
+            plan=None if _planner is None else _step_plan(ctx, key_cache, num_heads, window),
+        )
+    return params
 
 
 def paged_attention_forward(
@@ -183,7 +217,9 @@ def paged_attention_forward(
 
     window = int(sliding_window) if sliding_window else None
     reshape_and_cache, paged_attention = get_kernels()
-    plan_kw = {} if _planner is None else {"plan": _step_plan(ctx, key_cache, query.shape[1], window)}
+    cap = float(softcap) if softcap else None
+    params = _layer_params(ctx, key_cache, query.shape[1], float(scaling), window, cap)
+    plan_kw = {} if _planner is None else {"plan": params.plan}
     connector = ctx.kv_connector
     if connector is not None:
         connector.wait_for_layer_load(kv_layer_name(layer_idx))
@@ -193,20 +229,7 @@ def paged_attention_forward(
     reshape_and_cache(k, v, key_cache, value_cache, md.slot_mapping, **plan_kw)
     if connector is not None:
         connector.save_kv_layer(kv_layer_name(layer_idx), ctx.kv_layers[layer_idx], attn_metadata=md)
-    out = paged_attention(
-        q.to(key_cache.dtype).contiguous(),
-        key_cache,
-        value_cache,
-        md.block_tables,
-        md.seq_lens,
-        md.query_start_loc,
-        max_query_len=md.max_query_len,
-        max_seq_len=md.max_seq_len,
-        scale=float(scaling),
-        sliding_window=window,
-        softcap=float(softcap) if softcap else None,
-        **plan_kw,
-    )
+    out = paged_attention(q.to(key_cache.dtype).contiguous(), key_cache, value_cache, params)
     return out.to(query.dtype).unsqueeze(0), None
 
 
