@@ -436,26 +436,9 @@ class EngineArgs:
     def create_engine_config(self) -> EngineConfig:
         """Validates the arguments and groups them; raises ``ValueError`` naming the bad argument."""
         self._validate()
-        cpu_space = self.cpu_kvcache_space
-        if cpu_space is None:
-            cpu_space = float(os.environ.get("VLLITE_CPU_KVCACHE_SPACE", "4"))
-        if cpu_space <= 0:
-            raise ValueError(f"cpu_kvcache_space (VLLITE_CPU_KVCACHE_SPACE) must be > 0 GiB, got {cpu_space}.")
-        from vllite.assets import default_model_path
-
-        model = self.model or default_model_path()
+        cpu_space = self._cpu_kvcache_space_gib()
         config = EngineConfig(
-            model_config=ModelConfig(
-                model=model,
-                tokenizer=self.tokenizer or model,
-                dtype=self.dtype,
-                max_model_len=self.max_model_len,
-                seed=self.seed,
-                max_logprobs=self.max_logprobs,
-                trust_remote_code=self.trust_remote_code,
-                skip_tokenizer_init=self.skip_tokenizer_init,
-                generation_config=self.generation_config,
-            ),
+            model_config=self._model_config(),
             cache_config=CacheConfig(
                 block_size=self.block_size,
                 enable_prefix_caching=self.enable_prefix_caching,
@@ -464,18 +447,7 @@ class EngineArgs:
                 gpu_memory_utilization=self.gpu_memory_utilization,
                 cpu_kvcache_space_gib=cpu_space,
             ),
-            scheduler_config=SchedulerConfig(
-                max_num_seqs=self.max_num_seqs,
-                max_num_batched_tokens=self.max_num_batched_tokens,
-                enable_chunked_prefill=self.enable_chunked_prefill,
-                long_prefill_token_threshold=self.long_prefill_token_threshold,
-                scheduler_cls=self.scheduler_cls,
-                scheduling_policy=self.scheduling_policy,
-                batch_queue_depth=self.batch_queue_depth,
-                async_scheduling=self.async_scheduling,
-                tool_call_estimator=self.tool_call_estimator,
-                policy_args=dict(self.policy_args),
-            ),
+            scheduler_config=self._scheduler_config(),
             device_config=DeviceConfig(device=self.device),
             parallel_config=ParallelConfig(
                 data_parallel_size=self.data_parallel_size,
@@ -493,13 +465,60 @@ class EngineArgs:
             speculative_config=SpeculativeConfig.resolve(self.speculative_config),
             structured_outputs_config=StructuredOutputsConfig.resolve(self.structured_outputs_config),
         )
+        self._check_combinations(config)
+        return config
+
+    def _cpu_kvcache_space_gib(self) -> float:
+        """``cpu_kvcache_space``, else ``$VLLITE_CPU_KVCACHE_SPACE``, else 4 GiB; ``ValueError`` unless > 0."""
+        cpu_space = self.cpu_kvcache_space
+        if cpu_space is None:
+            cpu_space = float(os.environ.get("VLLITE_CPU_KVCACHE_SPACE", "4"))
+        if cpu_space <= 0:
+            raise ValueError(f"cpu_kvcache_space (VLLITE_CPU_KVCACHE_SPACE) must be > 0 GiB, got {cpu_space}.")
+        return cpu_space
+
+    def _model_config(self) -> ModelConfig:
+        """The model arguments; without ``model``, the demo model shipped in the package (also the tokenizer)."""
+        from vllite.assets import default_model_path
+
+        model = self.model or default_model_path()
+        return ModelConfig(
+            model=model,
+            tokenizer=self.tokenizer or model,
+            dtype=self.dtype,
+            max_model_len=self.max_model_len,
+            seed=self.seed,
+            max_logprobs=self.max_logprobs,
+            trust_remote_code=self.trust_remote_code,
+            skip_tokenizer_init=self.skip_tokenizer_init,
+            generation_config=self.generation_config,
+        )
+
+    def _scheduler_config(self) -> SchedulerConfig:
+        """The scheduling arguments; ``policy_args`` copied, so that the config does not share the caller's dict."""
+        return SchedulerConfig(
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            enable_chunked_prefill=self.enable_chunked_prefill,
+            long_prefill_token_threshold=self.long_prefill_token_threshold,
+            scheduler_cls=self.scheduler_cls,
+            scheduling_policy=self.scheduling_policy,
+            batch_queue_depth=self.batch_queue_depth,
+            async_scheduling=self.async_scheduling,
+            tool_call_estimator=self.tool_call_estimator,
+            policy_args=dict(self.policy_args),
+        )
+
+    def _check_combinations(self, config: EngineConfig) -> None:
+        """Checks, now rather than in the engine, what only the grouped config can tell: a token budget that the
+        given ``max_model_len`` makes impossible, and ``--async-scheduling`` with a feature it does not serve yet
+        (``ValueError`` naming both flags)."""
         if self.max_model_len is not None:
-            config._token_budget(self.max_model_len)  # fails now, not in the engine, for an impossible token budget
+            config._token_budget(self.max_model_len)
         if self.async_scheduling:
             from vllite.sched.async_scheduler import check_async_scheduling
 
-            check_async_scheduling(config)  # ValueError naming both flags for a combination not served yet
-        return config
+            check_async_scheduling(config)
 
     def _kv_transfer_config(self) -> KVTransferConfig | None:
         """``kv_transfer_config`` (a ``KVTransferConfig``, a dict or JSON text) checked; ``ValueError`` naming the

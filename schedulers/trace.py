@@ -5,13 +5,14 @@ set when this module is first imported (engine start-up), so with tracing off no
 the scheduler never builds a step record: off costs nothing. Each line holds the step number and time, queue
 sizes, free and cached blocks, KV usage, the prefix-cache hit (tokens) of every request admitted in the step,
 and the decision: ``new`` / ``resumed`` / ``running`` (request id → tokens scheduled) and ``preempted``
-(request id → computed tokens thrown away).
+(request id → computed tokens thrown away). The file is closed at interpreter exit.
 
 To trace one engine explicitly (tests, notebooks), register ``StepTracer(path)`` as a plugin object.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import threading
@@ -60,8 +61,15 @@ tracer: StepTracer | None = StepTracer(_trace_path) if _trace_path else None
 
 if tracer is not None:
     _active = tracer
+    atexit.register(tracer.close)
 
     @hookimpl
     def vllite_step_observer(step: dict[str, Any]) -> None:
         """Writes the step record to ``$VLLITE_SCHED_TRACE_PATH`` (defined only when the variable is set)."""
         _active.vllite_step_observer(step)
+
+else:
+    # importlib.reload re-runs this module in its old namespace: a hook defined by an earlier run with tracing on
+    # would survive, and its next record would reopen the closed trace file.
+    globals().pop("vllite_step_observer", None)
+    globals().pop("_active", None)

@@ -152,6 +152,8 @@ def admit_waiting(scheduler: Scheduler, step: StepState) -> None:
 
 
 def _admit_waiting(scheduler: Scheduler, step: StepState, skipped: list[Request]) -> None:
+    """Admits from the head of the waiting queue until the budget, the batch width or the KV blocks run out; the
+    requests set aside for this step go to ``skipped`` (see :func:`admit_waiting`)."""
     waiting = scheduler.waiting
     kv = scheduler.kv_cache_manager
     kv_transfer = scheduler.kv_transfer
@@ -164,16 +166,9 @@ def _admit_waiting(scheduler: Scheduler, step: StepState, skipped: list[Request]
         if request.num_computed_tokens == 0:
             hit_blocks, num_hit = kv.get_computed_blocks(request)
             if kv_transfer is not None:
-                try:
-                    matched = kv_transfer.lookup(request, num_hit)
-                except Exception as exc:
-                    waiting.pop_request()
-                    error = PluginHookError(kv_transfer.connector, "get_num_new_matched_tokens", exc)
-                    scheduler.fail_request(request, str(error))
-                    continue
-                if matched is None:  # the connector asks again next step
-                    skipped.append(waiting.pop_request())
-                    continue
+                matched = _match_external(scheduler, request, num_hit, skipped)
+                if matched is None:
+                    continue  # failed, or deferred to the next step: no longer the head
                 num_external, load_async = matched
         else:
             hit_blocks, num_hit = kv.empty_kv_cache_blocks, 0
@@ -186,46 +181,89 @@ def _admit_waiting(scheduler: Scheduler, step: StepState, skipped: list[Request]
             num_new = num_to_compute
         lookahead = 0 if load_async else scheduler.num_lookahead_tokens
         # Externally loaded blocks are cached only once the load is known to have worked.
-        if (
-            kv.allocate_slots(
-                request,
-                num_external + num_new,
-                num_hit,
-                hit_blocks,
-                num_lookahead_tokens=lookahead,
-                delay_cache_blocks=num_external > 0,
-            )
-            is not None
-        ):
-            if kv_transfer is not None and not _after_alloc(scheduler, request, num_external):
-                continue
-            if load_async:
-                waiting.pop_request()
-                kv_transfer.park(request, num_computed)  # type: ignore[union-attr]
-                skipped.append(request)
-                continue
-            admit(scheduler, request, num_new, num_hit + num_external, step)
-            if num_external:
-                kv_transfer.unverified.append(request)  # type: ignore[union-attr]
-            continue
-        try:
-            released = scheduler.on_admission_blocked(request)
-        except Exception as exc:
-            waiting.remove_requests([request])
-            scheduler.fail_request(request, str(PluginHookError(scheduler, "on_admission_blocked", exc)))
-            continue
-        if released:
-            continue  # the policy released blocks: look at the (possibly new) head again
-        if (
-            kv_transfer is not None
-            and not scheduler.running
-            and kv_transfer.release_landed(scheduler, skipped, request)
-        ):
-            continue  # blocks of a landed load were released: try again
-        if not never_fits(scheduler, num_computed + num_new):
+        new_blocks = kv.allocate_slots(
+            request,
+            num_external + num_new,
+            num_hit,
+            hit_blocks,
+            num_lookahead_tokens=lookahead,
+            delay_cache_blocks=num_external > 0,
+        )
+        if new_blocks is not None:
+            _place_allocated(scheduler, request, num_new, num_hit, num_external, load_async, step, skipped)
+        elif not _retry_blocked_head(scheduler, request, num_computed + num_new, skipped):
             break  # out of blocks: no preemption to admit
-        waiting.remove_requests([request])
-        scheduler.fail_request(request, never_fits_message(scheduler, request))
+
+
+def _match_external(
+    scheduler: Scheduler, request: Request, num_hit: int, skipped: list[Request]
+) -> tuple[int, bool] | None:
+    """The KV connector's ``(num_external_tokens, load_async)`` for the head of the waiting queue, beyond its
+    ``num_hit`` prefix-cache tokens; ``None`` when the request left the head: set aside in ``skipped`` (the
+    connector asks again next step) or failed (the connector raised)."""
+    kv_transfer = scheduler.kv_transfer
+    assert kv_transfer is not None
+    try:
+        matched = kv_transfer.lookup(request, num_hit)
+    except Exception as exc:
+        scheduler.waiting.pop_request()
+        error = PluginHookError(kv_transfer.connector, "get_num_new_matched_tokens", exc)
+        scheduler.fail_request(request, str(error))
+        return None
+    if matched is None:
+        skipped.append(scheduler.waiting.pop_request())
+    return matched
+
+
+def _place_allocated(
+    scheduler: Scheduler,
+    request: Request,
+    num_new: int,
+    num_hit: int,
+    num_external: int,
+    load_async: bool,
+    step: StepState,
+    skipped: list[Request],
+) -> None:
+    """Takes the head of the waiting queue, whose blocks are now allocated, out of the queue: admitted with
+    ``num_new`` tokens, parked in ``skipped`` while its KV loads asynchronously, or failed when the KV connector
+    raised."""
+    kv_transfer = scheduler.kv_transfer
+    if kv_transfer is None:
+        admit(scheduler, request, num_new, num_hit, step)
+        return
+    if not _after_alloc(scheduler, request, num_external):
+        return
+    if load_async:
+        scheduler.waiting.pop_request()
+        kv_transfer.park(request, request.num_computed_tokens + num_hit + num_external)
+        skipped.append(request)
+        return
+    admit(scheduler, request, num_new, num_hit + num_external, step)
+    if num_external:
+        kv_transfer.unverified.append(request)
+
+
+def _retry_blocked_head(scheduler: Scheduler, request: Request, num_needed: int, skipped: list[Request]) -> bool:
+    """The head of the waiting queue cannot get blocks for ``num_needed`` tokens. True when admission goes on with
+    the (possibly new) head: the policy or the KV connector released blocks, or the request can never fit and was
+    failed (as it was when ``on_admission_blocked`` raised); False when admission stops for this step."""
+    try:
+        released = scheduler.on_admission_blocked(request)
+    except Exception as exc:
+        scheduler.waiting.remove_requests([request])
+        scheduler.fail_request(request, str(PluginHookError(scheduler, "on_admission_blocked", exc)))
+        return True
+    if released:
+        return True
+    kv_transfer = scheduler.kv_transfer
+    if kv_transfer is not None and not scheduler.running and kv_transfer.release_landed(scheduler, skipped, request):
+        return True  # blocks of a landed load were released: try again
+    if not never_fits(scheduler, num_needed):
+        return False
+    scheduler.waiting.remove_requests([request])
+    scheduler.fail_request(request, never_fits_message(scheduler, request))
+    return True
 
 
 def try_unblock(scheduler: Scheduler, request: Request) -> bool:

@@ -83,13 +83,35 @@ class Scheduler(SchedulerInterface):
         step_observer: StepObserver | None = _FROM_PLUGINS,
         sliding_window: int | None = None,
     ) -> None:
-        sched = config.scheduler_config
-        cache = config.cache_config
         self.config = config
-        self.scheduler_config = sched
-        self.cache_config = cache
+        self.scheduler_config = config.scheduler_config
+        self.cache_config = config.cache_config
         self.log_stats = log_stats
         self.clock = clock
+        self._init_limits(config)
+        self.sliding_window = sliding_window
+        self.kv_cache_manager = self._make_kv_cache_manager(num_blocks, sliding_window)
+        self.block_hasher = (
+            get_request_block_hasher(self.block_size, get_hash_fn(self.cache_config.prefix_caching_hash_algo))
+            if self.enable_caching
+            else None
+        )
+        # The KV connector's scheduler side (vllite.sched.kv_transfer); None without --kv-transfer-config.
+        self.kv_transfer: KVTransferState | None = make_kv_transfer(self)
+        self.connector = self.kv_transfer.connector if self.kv_transfer is not None else None
+        self._init_request_state()
+        # Drafts verified and accepted (vllite.sched.spec_decode); None without --speculative-config.
+        self.spec_decoding = SpecDecodingTracker.from_config(config, log_stats)
+        if step_observer is _FROM_PLUGINS:
+            from vllite.plugin_manager import get_hook_caller
+
+            step_observer = get_hook_caller("vllite_step_observer")
+        self.step_observer: StepObserver | None = step_observer
+
+    def _init_limits(self, config: EngineConfig) -> None:
+        """Copies the limits and switches the algorithm reads every step out of the config, after checking that
+        the engine settled the context length and the token budget and that every policy arg is accepted."""
+        sched, cache = config.scheduler_config, config.cache_config
         self.max_model_len = config.model_config.max_model_len or 0
         if self.max_model_len <= 0 or sched.max_num_batched_tokens is None:
             raise ValueError(
@@ -104,17 +126,10 @@ class Scheduler(SchedulerInterface):
         self.num_lookahead_tokens = sched.num_lookahead_tokens
         self.block_size = cache.block_size
         self.enable_caching = cache.enable_prefix_caching
-        self.sliding_window = sliding_window
-        self.kv_cache_manager = self._make_kv_cache_manager(num_blocks, sliding_window)
-        self.block_hasher = (
-            get_request_block_hasher(self.block_size, get_hash_fn(cache.prefix_caching_hash_algo))
-            if self.enable_caching
-            else None
-        )
-        # The KV connector's scheduler side (vllite.sched.kv_transfer); None without --kv-transfer-config.
-        self.kv_transfer: KVTransferState | None = make_kv_transfer(self)
-        self.connector = self.kv_transfer.connector if self.kv_transfer is not None else None
 
+    def _init_request_state(self) -> None:
+        """Starts with no request: the waiting queue (:meth:`create_waiting_queue`), the running list, the ids
+        to report, the failures to deliver, the pause state and the step and preemption counters."""
         self.requests: dict[str, Request] = {}
         self.waiting: RequestQueue = self.create_waiting_queue()
         self.running: list[Request] = []
@@ -130,13 +145,6 @@ class Scheduler(SchedulerInterface):
         self.step_counter = 0
         self._num_preemptions_since_stats = 0
         self.num_preemptions_total = 0  # cumulative, for tests and benchmarks
-        # Drafts verified and accepted (vllite.sched.spec_decode); None without --speculative-config.
-        self.spec_decoding = SpecDecodingTracker.from_config(config, log_stats)
-        if step_observer is _FROM_PLUGINS:
-            from vllite.plugin_manager import get_hook_caller
-
-            step_observer = get_hook_caller("vllite_step_observer")
-        self.step_observer: StepObserver | None = step_observer
 
     def _make_kv_cache_manager(self, num_blocks: int, sliding_window: int | None) -> KVCacheManager:
         # With a window shared by every attention layer, blocks that fall out of it return to the pool.

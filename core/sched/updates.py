@@ -26,37 +26,62 @@ def update_from_output(
 ) -> dict[int, EngineCoreOutputs]:
     """``Scheduler.update_from_output``: applies the sampled tokens of every scheduled request still alive, moves
     stopped requests out of the running (or waiting) list and frees them before their last output is built."""
-    outputs: dict[int, list[EngineCoreOutput]] = defaultdict(list)
+    recomputing = _apply_step_reports(scheduler, scheduler_output, model_runner_output)
+    outputs = _apply_sampled_to_scheduled(scheduler, scheduler_output, model_runner_output, recomputing)
+    for request in scheduler.failed_requests:
+        outputs[request.client_index].append(make_error_output(request))
+    scheduler.failed_requests = []
+    if model_runner_output.draft_token_ids:
+        scheduler.update_draft_token_ids(model_runner_output.draft_token_ids)
+    engine_core_outputs = group_by_client(outputs, scheduler.finished_req_ids_dict, scheduler.make_stats())
+    scheduler.finished_req_ids_dict = defaultdict(set)
+    return engine_core_outputs
+
+
+def _apply_step_reports(
+    scheduler: Scheduler, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
+) -> frozenset[str] | set[str]:
+    """Applies what the step reports besides sampled tokens, before any token is: KV transfers (freed blocks,
+    finished and failed loads), draft acceptance figures, and grammars that raised (their requests are failed,
+    through ``fail_after_step``). Returns the ids of the requests recomputing after a failed KV load, whose
+    tokens are not trusted."""
+    recomputing: frozenset[str] | set[str] = _NOTHING
+    if scheduler.kv_transfer is not None:
+        recomputing = scheduler.kv_transfer.update_from_output(scheduler, model_runner_output.kv_connector_output)
+    if scheduler.spec_decoding is not None and scheduler_output.scheduled_spec_decode_tokens:
+        scheduler.spec_decoding.observe(scheduler_output, model_runner_output)
+    grammar_output = resolve_grammar_output(scheduler_output.grammar_output)  # the fill is done with the matchers
+    if grammar_output is not None and grammar_output.failed:
+        scheduler.fail_after_step.update(grammar_output.failed)  # a grammar that raised ends its request alone
+    return recomputing
+
+
+def _apply_sampled_to_scheduled(
+    scheduler: Scheduler,
+    scheduler_output: SchedulerOutput,
+    model_runner_output: ModelRunnerOutput,
+    recomputing: frozenset[str] | set[str],
+) -> defaultdict[int, list[EngineCoreOutput]]:
+    """Applies the sampled tokens (or the error) of every scheduled request still alive and not ``recomputing``;
+    the requests that stopped leave the running (or waiting) list and are freed before their last output is
+    built. Returns the requests' outputs per client index."""
+    outputs: defaultdict[int, list[EngineCoreOutput]] = defaultdict(list)
     stopped_running: set[Request] = set()
     stopped_waiting: list[Request] = []
     row_starts = logprob_row_starts(model_runner_output)
     max_model_len = scheduler.max_model_len
     failed = model_runner_output.failed_requests or {}
     fail_after_step = scheduler.fail_after_step
-    # KV transfers first: freed blocks, finished loads, failed loads (whose requests' tokens are not trusted).
-    recomputing: frozenset[str] | set[str] = _NOTHING
-    if scheduler.kv_transfer is not None:
-        recomputing = scheduler.kv_transfer.update_from_output(scheduler, model_runner_output.kv_connector_output)
-    if scheduler.spec_decoding is not None and scheduler_output.scheduled_spec_decode_tokens:
-        scheduler.spec_decoding.observe(scheduler_output, model_runner_output)  # acceptance figures
     index_of, sampled = model_runner_output.req_id_to_index, model_runner_output.sampled_token_ids
     no_drafts = not scheduler_output.scheduled_spec_decode_tokens
     requests = scheduler.requests
-    grammar_output = resolve_grammar_output(scheduler_output.grammar_output)  # the fill is done with the matchers
-    if grammar_output is not None and grammar_output.failed:
-        fail_after_step.update(grammar_output.failed)  # a grammar that raised ends its request alone
     for request_id in scheduler_output.num_scheduled_tokens:
         request = requests.get(request_id)
         if request is None or request.is_finished() or request_id in recomputing:
             continue  # finished (aborted) while the model ran, or recomputing after a failed KV load
         was_running = request.status == RequestStatus.RUNNING
-        error = (failed.get(request_id) if failed else None) or (
-            fail_after_step.pop(request_id, None) if fail_after_step else None
-        )
-        if error is not None:
+        if (failed or fail_after_step) and _fail_if_reported(request, failed, fail_after_step):
             new_token_ids: list[int] = []  # a plugin failed for it: its tokens are not trusted
-            request.status = RequestStatus.FINISHED_ERROR
-            request.error = error
         elif no_drafts:  # the common case, inlined: at most one sampled token
             index = index_of.get(request_id)
             new_token_ids = sampled[index] if index is not None else []
@@ -68,8 +93,7 @@ def update_from_output(
         else:
             new_token_ids = apply_sampled_tokens(request, scheduler_output, model_runner_output, max_model_len)
         if new_token_ids and request.structured_output_request is not None:
-            # A terminated grammar finishes the request (stop).
-            advance_grammar(request, new_token_ids)
+            advance_grammar(request, new_token_ids)  # a terminated grammar finishes the request (stop)
         stopped = request.is_finished()
         if stopped:
             if was_running:
@@ -80,18 +104,28 @@ def update_from_output(
         output = make_request_output(request, new_token_ids, stopped, model_runner_output, row_starts)
         if output is not None:
             outputs[request.client_index].append(output)
+    _remove_stopped(scheduler, stopped_running, stopped_waiting)
+    return outputs
+
+
+def _fail_if_reported(request: Request, failed: Mapping[str, str], fail_after_step: dict[str, str]) -> bool:
+    """Finishes ``request`` with ERROR when a plugin failed for it: the model runner reported it in this step's
+    ``failed_requests``, else a hook failed after it was admitted (its ``fail_after_step`` entry is consumed)."""
+    error = failed.get(request.request_id) or fail_after_step.pop(request.request_id, None)
+    if error is None:
+        return False
+    request.status = RequestStatus.FINISHED_ERROR
+    request.error = error
+    return True
+
+
+def _remove_stopped(scheduler: Scheduler, stopped_running: set[Request], stopped_waiting: list[Request]) -> None:
+    """Takes the requests that stopped this step (already freed) out of the running list and the waiting queue,
+    keeping the order of the others."""
     if stopped_running:
         scheduler.running[:] = [r for r in scheduler.running if r not in stopped_running]
     if stopped_waiting:
         scheduler.waiting.remove_requests(stopped_waiting)
-    for request in scheduler.failed_requests:
-        outputs[request.client_index].append(make_error_output(request))
-    scheduler.failed_requests = []
-    if model_runner_output.draft_token_ids:
-        scheduler.update_draft_token_ids(model_runner_output.draft_token_ids)
-    engine_core_outputs = group_by_client(outputs, scheduler.finished_req_ids_dict, scheduler.make_stats())
-    scheduler.finished_req_ids_dict = defaultdict(set)
-    return engine_core_outputs
 
 
 def make_error_output(request: Request) -> EngineCoreOutput:
