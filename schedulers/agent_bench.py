@@ -262,6 +262,88 @@ def turn_params(job: Job, index: int) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=turn.output_tokens, ignore_eos=True, extra_args=extra)
 
 
+class _Replay:
+    """One replay's bookkeeping: each job's state, the time-ordered queue of turns to submit (job arrivals and
+    tool completions) and the requests in flight. :func:`replay` drives the backend; this class only records."""
+
+    def __init__(
+        self,
+        jobs: Sequence[Job],
+        arrivals: Sequence[float],
+        backend: ReplayBackend,
+        *,
+        tool_time_scale: float,
+        seed: int,
+        progress: Callable[[int, int], None] | None,
+    ) -> None:
+        self.backend = backend
+        self.tool_time_scale = tool_time_scale
+        self.seed = seed
+        self.progress = progress
+        self.states = [_JobState(job, arrival) for job, arrival in zip(jobs, arrivals, strict=True)]
+        self.events: list[tuple[float, int, int]] = [(s.arrival, i, i) for i, s in enumerate(self.states)]
+        heapq.heapify(self.events)  # (time, seq, job index); seq keeps equal times in submission order
+        self._seq = len(self.events)
+        self._by_request: dict[str, int] = {}  # request id -> job index, for the turns in flight
+        self._done = 0
+
+    @property
+    def unfinished(self) -> int:
+        """The number of jobs with turns still to run."""
+        return len(self.states) - self._done
+
+    def submit_due(self, now: float) -> None:
+        """Submits the next turn of every job whose arrival or tool call has ended by ``now``."""
+        while self.events and self.events[0][0] <= now:
+            self._submit(heapq.heappop(self.events)[2])
+
+    def _submit(self, index: int) -> None:
+        state = self.states[index]
+        turn = state.next_turn
+        state.history += new_prompt_tokens(
+            state.job.job_id, turn, state.job.turns[turn].new_prompt_tokens, self.backend.vocab_size, self.seed
+        )
+        request_id = f"{state.job.job_id}#{turn}"
+        self._by_request[request_id] = index
+        state.outputs = []
+        self.backend.submit(request_id, list(state.history), turn_params(state.job, turn))
+
+    def record(self, step_events: StepEvents, now: float) -> None:
+        """Takes one step's request events at time ``now``: the turns' outputs so far, and the turns that ended."""
+        for request_id, tokens, finished in step_events:
+            index = self._by_request.get(request_id)
+            if index is None:
+                continue
+            state = self.states[index]
+            state.outputs = tokens if not self.backend.virtual else state.outputs + tokens
+            if finished:
+                del self._by_request[request_id]
+                self._end_turn(index, now)
+
+    def _end_turn(self, index: int, now: float) -> None:
+        """Adds a finished turn's output to its job's history; the job's next turn is due when the turn's tool call
+        ends, or the job is done."""
+        state = self.states[index]
+        state.history += state.outputs
+        turn = state.job.turns[state.next_turn]
+        state.next_turn += 1
+        if state.next_turn == len(state.job.turns):
+            state.finish = now
+            self._done += 1
+            if self.progress is not None:
+                self.progress(self._done, len(self.states))
+        else:
+            heapq.heappush(self.events, (now + turn.tool_duration_s * self.tool_time_scale, self._seq, index))
+            self._seq += 1
+
+    def results(self, start: float) -> tuple[list[float], float]:
+        """(JCTs of the finished jobs, makespan), for a replay whose clock read ``start`` when it began."""
+        jct = [s.finish - s.arrival for s in self.states if s.finish is not None]
+        first_arrival = min((s.arrival for s in self.states), default=0.0)
+        makespan = max(s.finish for s in self.states if s.finish is not None) - start - first_arrival
+        return jct, makespan
+
+
 def replay(
     jobs: Sequence[Job],
     arrivals: Sequence[float],
@@ -276,69 +358,30 @@ def replay(
 
     Raises ``BenchReplayError`` if the engine makes no progress for ``max_stall_s`` with nothing else to wait for.
     """
-    states = [_JobState(job, arrival) for job, arrival in zip(jobs, arrivals, strict=True)]
-    events: list[tuple[float, int, int]] = [(s.arrival, i, i) for i, s in enumerate(states)]  # (time, seq, job)
-    heapq.heapify(events)
-    seq = len(events)
-    by_request: dict[str, int] = {}
-    done = 0
+    run = _Replay(jobs, arrivals, backend, tool_time_scale=tool_time_scale, seed=seed, progress=progress)
     stalled_since: float | None = None
     start = backend.now()
-
-    def submit(index: int) -> None:
-        state = states[index]
-        turn = state.next_turn
-        state.history += new_prompt_tokens(
-            state.job.job_id, turn, state.job.turns[turn].new_prompt_tokens, backend.vocab_size, seed
-        )
-        request_id = f"{state.job.job_id}#{turn}"
-        by_request[request_id] = index
-        state.outputs = []
-        backend.submit(request_id, list(state.history), turn_params(state.job, turn))
-
-    while done < len(states):
+    while run.unfinished:
         now = backend.now()
-        while events and events[0][0] <= now:
-            submit(heapq.heappop(events)[2])
+        run.submit_due(now)
         if not backend.has_work():
-            if not events:
-                raise BenchReplayError(f"Replay lost track: {len(states) - done} jobs unfinished, nothing in flight.")
-            backend.wait_until(events[0][0])
+            if not run.events:
+                raise BenchReplayError(f"Replay lost track: {run.unfinished} jobs unfinished, nothing in flight.")
+            backend.wait_until(run.events[0][0])
             continue
         step_events, executed = backend.step()
         now = backend.now()
-        for request_id, tokens, finished in step_events:
-            index = by_request.get(request_id)
-            if index is None:
-                continue
-            state = states[index]
-            state.outputs = tokens if not backend.virtual else state.outputs + tokens
-            if not finished:
-                continue
-            del by_request[request_id]
-            state.history += state.outputs
-            turn = state.job.turns[state.next_turn]
-            state.next_turn += 1
-            if state.next_turn == len(state.job.turns):
-                state.finish = now
-                done += 1
-                if progress is not None:
-                    progress(done, len(states))
-            else:
-                heapq.heappush(events, (now + turn.tool_duration_s * tool_time_scale, seq, index))
-                seq += 1
+        run.record(step_events, now)
         if executed or step_events:
             stalled_since = None
-        elif events and backend.virtual:
-            backend.wait_until(events[0][0])
+        elif run.events and backend.virtual:
+            backend.wait_until(run.events[0][0])
         else:
             stalled_since = now if stalled_since is None else stalled_since
             if now - stalled_since > max_stall_s:
                 raise BenchReplayError(f"The engine made no progress for {max_stall_s} s with requests in flight.")
             backend.idle_tick()
-    jct = [s.finish - s.arrival for s in states if s.finish is not None]
-    makespan = max(s.finish for s in states if s.finish is not None) - start - min(arrivals, default=0.0)
-    return jct, makespan
+    return run.results(start)
 
 
 # ---------------------------------------------------------------------------------------------- re-exports
