@@ -2,7 +2,7 @@
 
 Registration order is construction order: min tokens, logit bias, min-p (as in vLLM), then the thinking
 budget.
-The classes are imported inside the hook so that loading the plugin manager does not import torch.
+The classes are registered by class path, so listing the registry (``vllite plugins``) does not import torch.
 """
 
 from __future__ import annotations
@@ -12,12 +12,7 @@ from vllite.hookspecs import Register, hookimpl
 
 @hookimpl
 def vllite_register_logits_processors(register: Register) -> None:
-    from .logit_bias import LogitBiasLogitsProcessor
-    from .min_p import MinPLogitsProcessor
-    from .min_tokens import MinTokensLogitsProcessor
-    from .thinking_budget import ThinkingBudgetLogitsProcessor
-
-    register("min_tokens", MinTokensLogitsProcessor)
-    register("logit_bias", LogitBiasLogitsProcessor)
-    register("min_p", MinPLogitsProcessor)
-    register("thinking_budget", ThinkingBudgetLogitsProcessor)
+    register("min_tokens", f"{__package__}.min_tokens:MinTokensLogitsProcessor")
+    register("logit_bias", f"{__package__}.logit_bias:LogitBiasLogitsProcessor")
+    register("min_p", f"{__package__}.min_p:MinPLogitsProcessor")
+    register("thinking_budget", f"{__package__}.thinking_budget:ThinkingBudgetLogitsProcessor")

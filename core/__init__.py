@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from vllite import deprecated_aliases
 from vllite.version import __version__
 
-deprecated_aliases.install()  # vllite.schedulers, vllite.plugins.executor: old names for one release
+deprecated_aliases.install()  # renamed packages and moved builtins: old names for one release
 
 if TYPE_CHECKING:
     from vllite.config import EngineArgs

@@ -18,20 +18,25 @@ from vllite.logging_utils import TRACEBACKS_ENV, OneLineExceptionFilter, traceba
 from vllite.version import __version__
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The ``vllite`` parser. With ``argv``, only the command it names gets its arguments (building another's may
+    import its heavy modules, e.g. FastAPI for ``serve``); without, every command does."""
     from vllite.plugin_manager import get_registry
 
+    commands = get_registry("commands")
+    chosen = next((arg for arg in argv if arg in commands), None) if argv is not None else None
     parser = argparse.ArgumentParser(prog="vllite", description="A small, plugin-centric LLM inference engine.")
     parser.add_argument("--version", action="version", version=f"vllite {__version__}")
     parser.add_argument(
         "--debug", action="store_true", help="On failure, print the tracebacks (also the engine process's)."
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, command in sorted(get_registry("commands").items()):
+    for name, command in sorted(commands.items()):
         sub = subparsers.add_parser(
             name, help=getattr(command, "help", None), description=getattr(command, "help", None)
         )
-        command.add_arguments(sub)
+        if argv is None or name == chosen:
+            command.add_arguments(sub)
         sub.set_defaults(_run=command.run)
     return parser
 
@@ -75,7 +80,7 @@ def _run(argv: list[str], debug: bool) -> int:
     from vllite.exceptions import VlliteError
 
     try:
-        parser = build_parser()
+        parser = build_parser(argv)
         args = parser.parse_args(argv)
         if not getattr(args, "_run", None):
             parser.print_help()

@@ -1,9 +1,10 @@
-"""Old import names that keep working for one release: ``vllite.schedulers`` and ``vllite.plugins.executor``.
+"""Old import names that keep working for one release: renamed packages and the builtins moved out of the kernel.
 
 A ``sys.meta_path`` finder maps each old name, and every submodule under it, to the module object of the new name
 (``vllite.schedulers.continuum`` *is* ``vllite.policies.continuum``), so classes imported either way are the same
 objects, and issues a ``DeprecationWarning`` the first time each old name is imported. Installed by
-``import vllite``.
+``import vllite``. Names that a kernel package re-exported from a moved module are served by that package's
+``__getattr__`` through :func:`moved_attribute`, with the same warning.
 """
 
 from __future__ import annotations
@@ -21,8 +22,62 @@ RENAMED_PACKAGES: dict[str, str] = {
     "vllite.plugins.executor": "vllite.plugins.transformers_executor",
 }
 
+_KV_CONNECTORS = "vllite.plugins.kv_connectors"
+_GRAMMARS = "vllite.plugins.structured_outputs"
+_EXECUTOR = "vllite.plugins.transformers_executor"
+_KV_CONNECTOR_MODULES: tuple[str, ...] = ("block_files", "offload", "offload_disk", "offload_worker", "p2p")
+_KV_CONNECTOR_MODULES += ("p2p_worker", "transfers", "shared_storage", "shared_storage_worker")
+_GRAMMAR_MODULES = ("xgrammar_backend", "guidance_backend", "bounded_strings", "strict_json")
+_SIZING_NAMES: tuple[str, ...] = ("CPU_KVCACHE_SPACE_ENV", "DEFAULT_CPU_KVCACHE_SPACE_GIB", "cpu_kvcache_space_bytes")
+_SIZING_NAMES += ("determine_num_blocks", "gpu_kvcache_space_bytes", "kv_cache_bytes_per_token")
+
+#: builtins that lived in the kernel (``core/``) -> their plugin module (removed in the release after the move).
+MOVED_MODULES: dict[str, str] = {
+    **{f"vllite.kv_connector.{name}": f"{_KV_CONNECTORS}.{name}" for name in _KV_CONNECTOR_MODULES},
+    "vllite.kv_connector.builtin_plugin": f"{_KV_CONNECTORS}.plugin",
+    "vllite.kv_connector.testing": f"{_KV_CONNECTORS}.mock",
+    **{f"vllite.structured_output.{name}": f"{_GRAMMARS}.{name}" for name in _GRAMMAR_MODULES},
+    "vllite.structured_output.builtin_plugin": f"{_GRAMMARS}.plugin",
+    "vllite.cpu_threads": f"{_EXECUTOR}.cpu_threads",
+    "vllite.cpu_governor": f"{_EXECUTOR}.cpu_governor",
+    "vllite.kv_cache.sizing": f"{_EXECUTOR}.kv_cache_sizing",
+    "vllite.serial": "vllite.plugins.engine_proc.serial",
+    "vllite.cli_commands": "vllite.plugins.commands.plugin",
+    "vllite.plugin_report": "vllite.plugins.commands.plugin_report",
+    "vllite.testing.server": "vllite.plugins.openai_server.testing",
+}
+
+#: kernel package -> {name it re-exported: the module that now holds it}.
+MOVED_ATTRIBUTES: dict[str, dict[str, str]] = {
+    "vllite.kv_cache": dict.fromkeys(_SIZING_NAMES, f"{_EXECUTOR}.kv_cache_sizing"),
+    **{
+        package: dict.fromkeys(("PriorityRequestQueue", "create_request_queue"), "vllite.policies.priority_queue")
+        for package in ("vllite.sched", "vllite.sched.request_queue")
+    },
+    "vllite.engine.output_processor": dict.fromkeys(
+        ("RequestOutputCollector", "merge_request_outputs"), "vllite.plugins.engine_proc.output_collector"
+    ),
+}
+
+
+def moved_attribute(package: str, name: str) -> object:
+    """``package.name`` for a name that moved out of ``package`` (see :data:`MOVED_ATTRIBUTES`), with a
+    ``DeprecationWarning``; ``AttributeError`` for any other name. A package's ``__getattr__`` calls this."""
+    module = MOVED_ATTRIBUTES.get(package, {}).get(name)
+    if module is None:
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+    warnings.warn(
+        f"{package}.{name} is deprecated and will be removed in the next release; import it from {module} instead.",
+        DeprecationWarning,
+        stacklevel=3,  # the code that read the name, past the package's __getattr__
+    )
+    return getattr(importlib.import_module(module), name)
+
 
 def _new_name(fullname: str) -> str | None:
+    moved = MOVED_MODULES.get(fullname)
+    if moved is not None:
+        return moved
     for old, new in RENAMED_PACKAGES.items():
         if fullname == old or fullname.startswith(old + "."):
             return new + fullname[len(old) :]

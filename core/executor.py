@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -91,6 +91,12 @@ class Executor(ABC):
     def max_concurrent_batches(self) -> int:
         """How many batches may be in flight at once (the engine's batch-queue depth); 1 = synchronous."""
         return 1
+
+    def govern_inprocess_steps(self, engine_core: Any) -> None:
+        """Called once by the in-process client, on the caller's thread, before the first step. An executor whose
+        model runs on this process's CPU threads may place those threads here and wrap ``engine_core.step_fn``
+        (the engine process places its own step thread). The default does nothing."""
+        return None
 
     def register_failure_callback(self, callback: FailureCallback) -> None:
         """Registers ``callback()``, called once when the executor fails in a way it cannot recover from.

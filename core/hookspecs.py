@@ -1,8 +1,10 @@
 """The hook specifications: the whole contract between vllite and its plugins.
 
 Components are contributed by *register-callback* hooks: vllite calls ``vllite_register_X(register)`` once at
-start-up, and the plugin calls ``register(name, obj)`` for each component it provides. The plugin manager turns
-the results into plain ``name -> class`` registries, so no pluggy call happens per token or per request. The
+start-up, and the plugin calls ``register(name, obj)`` for each component it provides — the object itself, or its
+class path (``"pkg.mod:Class"``), which is imported only when an engine first uses that component, so listing the
+plugins stays cheap. The plugin manager turns the results into plain ``name -> class`` registries, so no pluggy
+call happens per token or per request. The
 only hook called while the engine runs is :func:`vllite_step_observer`, at most once per engine step.
 
 Write a plugin with the ``hookimpl`` marker::
@@ -28,7 +30,7 @@ PROJECT_NAME = "vllite"
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
-# The callback handed to every register hook: register(name, component).
+# The callback handed to every register hook: register(name, component or "pkg.mod:Class").
 Register = Callable[[str, Any], None]
 
 

@@ -1,8 +1,9 @@
 """Plugin loading: builtins first, then the ``vllite`` entry-point group, resolved once into plain registries.
 
 The engine never calls pluggy per token: at start-up :func:`get_registry` asks every plugin's register hook for
-its components once and keeps a ``name -> object`` dict. Class paths (``pkg.mod:Class`` or ``pkg.mod.Class``) are
-accepted wherever a registered name is.
+its components once and keeps a ``name -> object`` registry (:class:`~vllite.registry.Registry`; an entry registered
+by class path is imported when first read). Class paths (``pkg.mod:Class`` or ``pkg.mod.Class``) are accepted
+wherever a registered name is.
 
 Environment (applies to every entry-point group vllite reads, including the logits-processor groups):
 - ``VLLITE_PLUGINS``: comma-separated entry-point names to load (empty loads none; unset loads all). An entry with a
@@ -27,6 +28,7 @@ import pluggy
 
 from vllite import hookspecs, vllm_compat
 from vllite.exceptions import DuplicateComponentError, PluginLoadError, UnknownComponentError
+from vllite.registry import Component, Registry, resolve_class_path
 
 logger = logging.getLogger(__name__)
 
@@ -40,13 +42,13 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "vllite.policies.bench_plugin",
     "vllite.builtin_logitsprocs.plugin",
     "vllite.plugins.transformers_executor.plugin",
-    "vllite.kv_connector.builtin_plugin",
-    "vllite.structured_output.builtin_plugin",
+    "vllite.plugins.kv_connectors.plugin",
+    "vllite.plugins.structured_outputs.plugin",
     "vllite.engine.builtin_plugin",
     "vllite.plugins.engine_proc.plugin",
     "vllite.plugins.ray_dp.plugin",
     "vllite.plugins.openai_server.plugin",
-    "vllite.cli_commands",
+    "vllite.plugins.commands.plugin",
 )
 
 # Component kind -> the register hook that contributes it, and the attributes a component must have.
@@ -93,16 +95,6 @@ class EntryPointInfo:
                 plugin=self.name,
                 distribution=self.dist_name,
             ) from exc
-
-
-@dataclass
-class Component:
-    """A registered component and the plugin that contributed it."""
-
-    name: str
-    obj: Any
-    plugin: str
-    builtin: bool
 
 
 @dataclass(frozen=True)
@@ -152,33 +144,6 @@ def iter_entry_points(group: str) -> list[EntryPointInfo]:
         # The same distribution can be visible twice on sys.path (e.g. editable + build dir): keep one.
         found.setdefault((ep.name, ep.value), EntryPointInfo(ep.name, ep.value, group, dist_name, dist_version, ep))
     return sorted(found.values(), key=lambda info: (info.name, info.value))
-
-
-def resolve_class_path(path: str) -> Any:
-    """Imports ``pkg.mod:Class`` or ``pkg.mod.Class`` (nested attributes allowed after the colon)."""
-    if not isinstance(path, str) or not path.strip():
-        raise PluginLoadError(f"Invalid class path {path!r}: expected 'pkg.mod:Class' or 'pkg.mod.Class'.")
-    if ":" in path:
-        module_name, _, attr_path = path.partition(":")
-    else:
-        module_name, _, attr_path = path.rpartition(".")
-    if not module_name or not attr_path:
-        raise PluginLoadError(f"Invalid class path {path!r}: expected 'pkg.mod:Class' or 'pkg.mod.Class'.")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except Exception as exc:
-        raise PluginLoadError(
-            f"Cannot import module {module_name!r} of class path {path!r}: {type(exc).__name__}: {exc}",
-            plugin=path,
-        ) from exc
-    for attr in attr_path.split("."):
-        try:
-            obj = getattr(obj, attr)
-        except AttributeError as exc:
-            raise PluginLoadError(
-                f"Module {module_name!r} has no attribute {attr_path!r} ({path!r}).", plugin=path
-            ) from exc
-    return obj
 
 
 def looks_like_class_path(name: str) -> bool:
@@ -270,20 +235,21 @@ class PluginManager:
             return registry
 
     def _build_registry(self, kind: str) -> dict[str, Component]:
-        _, required = COMPONENT_KINDS[kind]
         components, errors = self.registrations(kind)
         if errors:
             raise errors[0]
         registry: dict[str, Component] = {}
         for component in components:
-            self._add_component(registry, kind, required, component)
+            if not isinstance(component.target, str):
+                component.load()  # an object is checked now; a class path when first used
+            self._add_component(registry, kind, component)
         return registry
 
     def registrations(self, kind: str) -> tuple[list[Component], list[PluginLoadError]]:
         """Everything the register hook of ``kind`` registers, in order (builtins first), unchecked and with
         duplicates kept, and a ``PluginLoadError`` for each plugin whose hook raised (its other registrations are
         kept). What the registry is built from; ``vllite plugins`` checks each registration on its own."""
-        hook_name, _ = COMPONENT_KINDS[kind]
+        hook_name, required = COMPONENT_KINDS[kind]
         components: list[Component] = []
         errors: list[PluginLoadError] = []
         # get_hookimpls() lists implementations in registration order: builtins first.
@@ -292,7 +258,7 @@ class PluginManager:
             builtin = plugin_name in self.builtin_names
 
             def register(name: str, obj: Any, _plugin: str = plugin_name, _builtin: bool = builtin) -> None:
-                components.append(Component(name, obj, _plugin, _builtin))
+                components.append(Component(name, obj, _plugin, _builtin, kind, required, *self._origin(_plugin)))
 
             try:
                 impl.function(register=register)
@@ -308,37 +274,26 @@ class PluginManager:
                 errors.append(error)
         return components, errors
 
-    def _add_component(
-        self, registry: dict[str, Component], kind: str, required: tuple[str, ...], component: Component
-    ) -> None:
-        missing = [attr for attr in required if not hasattr(component.obj, attr)]
-        if missing:
-            raise PluginLoadError(
-                f"{self.describe_plugin(component.plugin)} registered {kind[:-1]} {component.name!r} "
-                f"({component.obj!r}) which lacks {', '.join(missing)}.",
-                plugin=component.plugin,
-                distribution=self.distribution_of(component.plugin),
-            )
+    def _origin(self, plugin: str) -> tuple[str, str | None]:
+        return self.describe_plugin(plugin), self.distribution_of(plugin)
+
+    def _add_component(self, registry: dict[str, Component], kind: str, component: Component) -> None:
         previous = registry.get(component.name)
         if previous is not None:
             if previous.builtin and not component.builtin:
-                logger.info(
-                    "%s overrides the builtin %s %r",
-                    self.describe_plugin(component.plugin),
-                    kind[:-1],
-                    component.name,
-                )
+                logger.info("%s overrides the builtin %s %r", component.source, kind[:-1], component.name)
             else:
                 raise DuplicateComponentError(
                     f"Two plugins register the {kind[:-1]} name {component.name!r}: "
-                    f"{self.describe_plugin(previous.plugin)} and {self.describe_plugin(component.plugin)}.",
+                    f"{previous.source} and {component.source}.",
                     plugin=component.plugin,
-                    distribution=self.distribution_of(component.plugin),
+                    distribution=component.distribution,
                 )
         registry[component.name] = component
 
-    def get_registry(self, kind: str) -> dict[str, Any]:
-        return {name: c.obj for name, c in self.components(kind).items()}
+    def get_registry(self, kind: str) -> Registry:
+        """``name -> component`` for ``kind``; an entry is imported when first read."""
+        return Registry(self.components(kind))
 
     def resolve(self, kind: str, name_or_path: str | Any) -> Any:
         """A registered component by name, or a class path; a non-string is returned as given."""
@@ -346,7 +301,7 @@ class PluginManager:
             return name_or_path
         registry = self.components(kind)
         if name_or_path in registry:
-            return registry[name_or_path].obj
+            return registry[name_or_path].load()
         if looks_like_class_path(name_or_path):
             return resolve_class_path(name_or_path)
         available = ", ".join(sorted(registry)) or "none"
@@ -381,8 +336,8 @@ def reset_plugin_manager() -> None:
         _manager = None
 
 
-def get_registry(kind: str) -> dict[str, Any]:
-    """``name -> component`` for ``kind`` (schedulers, logits_processors, executors, ...)."""
+def get_registry(kind: str) -> Registry:
+    """``name -> component`` for ``kind`` (schedulers, logits_processors, executors, ...); entries load when read."""
     return get_plugin_manager().get_registry(kind)
 
 

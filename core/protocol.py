@@ -2,7 +2,7 @@
 
 The hot-path Structs are ``array_like`` (positional msgpack arrays), so **field order is the wire format**:
 append new fields at the end, with defaults, and old peers keep decoding. Tensors (prompt logprobs) travel as
-raw buffers through ``vllite.serial``; nothing here is ever pickled.
+raw buffers through ``vllite.plugins.engine_proc.serial``; nothing here is ever pickled.
 """
 
 from __future__ import annotations

@@ -19,28 +19,10 @@ from typing import Any
 from vllite.hookspecs import Register, hookimpl
 
 
-class _LazySimExecutor:
-    """The ``sim`` registry entry: builds a ``SimExecutor``, importing the simulator only then.
-
-    The executor registry is built at every engine start-up and by ``vllite plugins``; with this entry the
-    simulator loads only when ``--device sim`` / ``--executor sim`` actually selects it.
-    """
-
-    execute_model = None  # the plugin manager checks that an executor entry has this attribute
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from vllite.policies.sim_executor import SimExecutor
-
-        return SimExecutor(*args, **kwargs)
-
-    def __repr__(self) -> str:
-        return "<executor vllite.policies.sim_executor:SimExecutor>"
-
-
 @hookimpl
 def vllite_register_executors(register: Register) -> None:
     """Registers ``sim`` (SimExecutor): no model, modelled step times on a virtual clock (``--device sim``)."""
-    register("sim", _LazySimExecutor())
+    register("sim", "vllite.policies.sim_executor:SimExecutor")
 
 
 def _floats(text: str) -> list[float]:

@@ -8,8 +8,5 @@ from vllite.hookspecs import Register, hookimpl
 @hookimpl
 def vllite_register_schedulers(register: Register) -> None:
     """Registers ``fcfs`` (FCFSScheduler) and ``priority`` (PriorityScheduler)."""
-    from vllite.policies.fcfs import FCFSScheduler
-    from vllite.policies.priority import PriorityScheduler
-
-    register("fcfs", FCFSScheduler)
-    register("priority", PriorityScheduler)
+    register("fcfs", "vllite.policies.fcfs:FCFSScheduler")
+    register("priority", "vllite.policies.priority:PriorityScheduler")

@@ -9,18 +9,14 @@ from vllite.hookspecs import Register, hookimpl
 @hookimpl
 def vllite_register_schedulers(register: Register) -> None:
     """Registers ``continuum`` (ContinuumScheduler)."""
-    from vllite.policies.continuum import ContinuumScheduler
-
-    register("continuum", ContinuumScheduler)
+    register("continuum", "vllite.policies.continuum:ContinuumScheduler")
 
 
 @hookimpl
 def vllite_register_tool_call_estimators(register: Register) -> None:
     """Registers ``fixed`` (the released fork's 2 s rule) and ``utility`` (the paper's Eq. 2, the default)."""
-    from vllite.policies.estimators import FixedTTLEstimator, UtilityEstimator
-
-    register("fixed", FixedTTLEstimator)
-    register("utility", UtilityEstimator)
+    register("fixed", "vllite.policies.estimators:FixedTTLEstimator")
+    register("utility", "vllite.policies.estimators:UtilityEstimator")
 
 
 @hookimpl

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from vllite.policies.priority_queue import PriorityRequestQueue
 from vllite.request import Request
-from vllite.sched import PriorityRequestQueue, RequestQueue, Scheduler
+from vllite.sched import RequestQueue, Scheduler
 
 
 class PriorityScheduler(Scheduler):

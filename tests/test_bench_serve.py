@@ -326,10 +326,10 @@ def test_bench_command_does_not_load_the_client_at_start_up():
 def test_bench_serve_and_agent_replay_against_vllite_serve():
     """The real server (demo model, continuum): a small load test and a tiny agent replay, every request served
     with exactly max_tokens tokens."""
+    from vllite.plugins.openai_server.testing import RemoteServer
     from vllite.policies.agent_bench import replay
     from vllite.policies.agent_http import HttpBackend
     from vllite.policies.traces import Job, Turn
-    from vllite.testing.server import RemoteServer
 
     args = ["--max-model-len", "256", "--scheduler-cls", "continuum", "--seed", "0"]
     with RemoteServer(args) as server:

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from vllite.structured_output.bounded_strings import MAX_CHAIN, chain_bounded_strings
-from vllite.structured_output.strict_json import strict_json_ebnf
+from vllite.plugins.structured_outputs.bounded_strings import MAX_CHAIN, chain_bounded_strings
+from vllite.plugins.structured_outputs.strict_json import strict_json_ebnf
 
 xgr = pytest.importorskip("xgrammar")
 torch = pytest.importorskip("torch")

@@ -99,7 +99,7 @@ class _Boom:
         raise RuntimeError("something unforeseen")
 
 
-def _parser_with_failing_command() -> argparse.ArgumentParser:
+def _parser_with_failing_command(argv: object = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vllite")
     sub = parser.add_subparsers(dest="command")
     sub.add_parser("boom").set_defaults(_run=_Boom().run)

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from vllite.cpu_governor import CpuThreadGovernor, OmpThreadPinner, place_other_threads
-from vllite.cpu_threads import (
+from vllite.exceptions import CpuThreadsConfigError, VlliteError
+from vllite.plugins.transformers_executor import cpu_governor
+from vllite.plugins.transformers_executor.cpu_governor import CpuThreadGovernor, OmpThreadPinner, place_other_threads
+from vllite.plugins.transformers_executor.cpu_threads import (
     ADAPTIVE_ENV,
     BIND_ENV,
     NUM_THREADS_ENV,
@@ -20,7 +22,6 @@ from vllite.cpu_threads import (
     physical_core_cpus,
     resolve_plan,
 )
-from vllite.exceptions import CpuThreadsConfigError, VlliteError
 
 TWO_CPUS = len(os.sched_getaffinity(0)) >= 2
 
@@ -150,8 +151,8 @@ def test_governor_ignores_waits_of_threads_that_hardly_ran(monkeypatch):
     pinner = _CountingPinner()
     governor = CpuThreadGovernor(plan, pinner, interval_s=1.0, clock=lambda: clock[0])
     samples = iter([[(0, 0), (0, 0)], [(10**9, 0), (1000, 9000)]])  # thread 1: 10 us in a second
-    monkeypatch.setattr("vllite.cpu_governor.thread_wait_times", lambda tids: next(samples))
-    monkeypatch.setattr("vllite.cpu_governor.cpu_busy_times", dict)
+    monkeypatch.setattr(cpu_governor, "thread_wait_times", lambda tids: next(samples))
+    monkeypatch.setattr(cpu_governor, "cpu_busy_times", dict)
     governor.start()
     clock[0] = 1.5
     governor.after_step()
@@ -193,7 +194,7 @@ def test_governor_repins_for_real_when_a_cpu_is_contended(monkeypatch, restore_t
     # (run ns, wait ns) per thread: at start, after the interval (thread 1 waited half the time it wanted to
     # run), and after the re-pin.
     samples = iter([[(0, 0), (0, 0)], [(10**9, 0), (10**9, 10**9)], [(0, 0)]])
-    monkeypatch.setattr("vllite.cpu_governor.thread_wait_times", lambda tids: next(samples))
+    monkeypatch.setattr(cpu_governor, "thread_wait_times", lambda tids: next(samples))
     governor.start()
     assert torch.get_num_threads() == 2 and os.sched_getaffinity(governor.tids[1]) == {second}
     clock[0] = 1.0

@@ -152,7 +152,7 @@ def test_async_llm_dp2_streams_equal_hf_and_honour_the_rank(case):
 
 def test_serve_dp2_through_the_openai_client(case):
     openai = pytest.importorskip("openai")
-    from vllite.testing.server import RemoteServer
+    from vllite.plugins.openai_server.testing import RemoteServer
 
     model_dir, prompts, expected = case
     args = ["--model", model_dir, "-dp", "2", "--dtype", "float32", "--max-model-len", "256"]

@@ -198,10 +198,10 @@ def test_each_engine_gets_its_own_cpus():
 
 def test_auto_splits_the_mask_into_contiguous_groups(monkeypatch):
     import vllite.plugins.engine_proc.dp_engines as dp_engines
-    from vllite.cpu_threads import resolve_plan
+    from vllite.plugins.transformers_executor import cpu_threads
 
-    monkeypatch.setattr(dp_engines, "resolve_plan", lambda env: resolve_plan(env, allowed=range(8)))
-    monkeypatch.setattr("vllite.cpu_threads.physical_core_cpus", lambda cpus: sorted(cpus))
+    monkeypatch.setattr(dp_engines, "resolve_plan", lambda env: cpu_threads.resolve_plan(env, allowed=range(8)))
+    monkeypatch.setattr(cpu_threads, "physical_core_cpus", lambda cpus: sorted(cpus))
     overrides = engine_cpu_overrides(2, {"VLLITE_CPU_NUM_OF_RESERVED_CPU": "0"})
     assert overrides == [{"VLLITE_CPU_OMP_THREADS_BIND": "0,1,2,3"}, {"VLLITE_CPU_OMP_THREADS_BIND": "4,5,6,7"}]
     # One thread per engine (the benchmark's setting) still gives each engine its own CPU.

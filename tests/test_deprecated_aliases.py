@@ -1,7 +1,9 @@
-"""The renamed packages keep their old import names for one release: same module objects, with a warning.
+"""Renamed packages and moved modules keep their old import names for one release: same objects, with a warning.
 
-``vllite.schedulers`` is now ``vllite.policies`` and ``vllite.plugins.executor`` is now
-``vllite.plugins.transformers_executor`` (see ``vllite.deprecated_aliases``).
+``vllite.schedulers`` is now ``vllite.policies``, ``vllite.plugins.executor`` is now
+``vllite.plugins.transformers_executor``, and the builtins that lived in the kernel (the KV connectors, the grammar
+backends, the CPU thread placement, the engine wire, the builtin commands) are plugins (see
+``vllite.deprecated_aliases``).
 """
 
 from __future__ import annotations
@@ -10,10 +12,11 @@ import importlib
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 
-from vllite.deprecated_aliases import RENAMED_PACKAGES
+from vllite.deprecated_aliases import MOVED_ATTRIBUTES, MOVED_MODULES, RENAMED_PACKAGES
 from vllite.plugin_manager import BUILTIN_PLUGINS, resolve_class_path
 
 CASES = [
@@ -23,6 +26,7 @@ CASES = [
     ("vllite.plugins.executor", "vllite.plugins.transformers_executor"),
     ("vllite.plugins.executor.executor", "vllite.plugins.transformers_executor.executor"),
     ("vllite.plugins.executor.input_batch", "vllite.plugins.transformers_executor.input_batch"),
+    *sorted(MOVED_MODULES.items()),
 ]
 
 
@@ -38,16 +42,46 @@ def test_old_name_warns_and_is_the_new_module(old, new):
     assert new_module.__name__ == new
 
 
+def test_every_moved_module_is_gone_from_the_kernel_folder():
+    kernel = Path(__file__).resolve().parents[1] / "core"
+    for old in MOVED_MODULES:
+        relative = Path(*old.split(".")[1:])
+        assert not (kernel / relative.with_suffix(".py")).exists(), old
+
+
+@pytest.mark.parametrize(
+    ("package", "name", "module"),
+    [(package, name, module) for package, names in MOVED_ATTRIBUTES.items() for name, module in names.items()],
+)
+def test_moved_kernel_reexports_warn_and_are_the_new_objects(package, name, module):
+    kernel_package = importlib.import_module(package)
+    with pytest.warns(DeprecationWarning, match=rf"{package}.{name} is deprecated.*import it from {module} instead"):
+        old = getattr(kernel_package, name)
+    assert old is getattr(importlib.import_module(module), name)
+
+
+def test_a_name_that_never_existed_is_still_an_import_error():
+    with pytest.raises(ImportError, match="no_such_name"):
+        from vllite.kv_cache import no_such_name  # noqa: F401
+
+
 def test_old_names_give_the_same_classes():
     from vllite.plugins.transformers_executor.executor import DefaultExecutor
     from vllite.policies.continuum import ContinuumScheduler
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
+        from vllite.kv_connector.offload import OffloadConnector as OldOffloadConnector
         from vllite.plugins.executor.executor import DefaultExecutor as OldDefaultExecutor
         from vllite.schedulers.continuum import ContinuumScheduler as OldContinuumScheduler
+        from vllite.structured_output.xgrammar_backend import XgrammarBackend as OldXgrammarBackend
+    from vllite.plugins.kv_connectors.offload import OffloadConnector
+    from vllite.plugins.structured_outputs.xgrammar_backend import XgrammarBackend
+
     assert OldContinuumScheduler is ContinuumScheduler
     assert OldDefaultExecutor is DefaultExecutor
+    assert OldOffloadConnector is OffloadConnector
+    assert OldXgrammarBackend is XgrammarBackend
 
 
 def test_old_class_paths_resolve_to_the_same_classes():
@@ -60,7 +94,8 @@ def test_old_class_paths_resolve_to_the_same_classes():
 
 
 def test_builtins_and_new_names_import_without_warnings():
-    assert not [m for m in BUILTIN_PLUGINS if any(m.startswith(old) for old in RENAMED_PACKAGES)]
+    old_names = [*RENAMED_PACKAGES, *MOVED_MODULES]
+    assert not [m for m in BUILTIN_PLUGINS if any(m == old or m.startswith(old + ".") for old in old_names)]
     code = (
         "import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
         "import importlib, vllite.plugin_manager as pm\n"

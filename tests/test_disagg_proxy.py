@@ -18,7 +18,7 @@ from test_executor_support import hf_greedy  # noqa: E402
 
 from vllite.assets import default_model_path  # noqa: E402
 from vllite.plugins.openai_server.disagg_proxy import UpstreamGroup, prefill_body  # noqa: E402
-from vllite.testing.server import RemoteServer  # noqa: E402
+from vllite.plugins.openai_server.testing import RemoteServer  # noqa: E402
 
 MODEL = "demo"
 PROMPT = "Once upon a time there was a little robot who lived in a quiet town by the sea, and every morning it"

@@ -45,7 +45,7 @@ def test_default_sampling_params_come_from_generation_config(llm, model_with_gen
 
 
 def test_cli_flags_override_the_models_defaults_and_the_cli_defaults_apply_last(llm):
-    from vllite.cli_commands import _sampling_params
+    from vllite.plugins.commands.plugin import _sampling_params
 
     parser = build_parser()
     args = parser.parse_args(["generate", "x"])

@@ -13,7 +13,7 @@ from vllite.exceptions import KVConnectorConformanceError
 from vllite.kv_connector import KVConnectorBase
 from vllite.kv_connector.conformance import *  # noqa: F403  (collects test_kv_connector_conformance)
 from vllite.kv_connector.conformance import run_conformance
-from vllite.kv_connector.testing import MOCK_CONNECTOR
+from vllite.plugins.kv_connectors.mock import MOCK_CONNECTOR
 
 MOCK_CONFIGS: dict[str, tuple[dict[str, Any], bool]] = {
     # name -> (kv_connector_extra_config, outputs comparable: the mock loads nothing, so only 0 external tokens)

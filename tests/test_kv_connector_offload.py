@@ -7,16 +7,16 @@ The oracle is Hugging Face ``generate()`` (greedy, float32).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from kv_connector_support import BLOCK, PROMPT, greedy, kv_llm
+from kv_connector_support import model_path as model_path  # the fixture
 from test_executor_support import (
     hf_greedy,
     make_config,
-    make_model,
     single_thread,  # noqa: F401  (autouse fixture)
 )
 
@@ -25,19 +25,11 @@ from vllite.kv_connector.base import KVConnectorRole
 from vllite.kv_connector.config import KVTransferConfig
 from vllite.kv_connector.conformance import run_conformance
 from vllite.kv_connector.factory import connector_class
-from vllite.kv_connector.offload import OffloadConnector
-from vllite.kv_connector.offload_worker import BlockTransfer, OffloadWorker
-from vllite.sampling_params import SamplingParams
+from vllite.plugins.kv_connectors.offload import OffloadConnector
+from vllite.plugins.kv_connectors.offload_worker import BlockTransfer, OffloadWorker
 
-BLOCK = 4
-PROMPT = [11, 23, 5, 78, 42, 9, 60, 31, 17, 88, 4, 53, 27, 70, 36, 8, 91, 14, 66, 20, 3, 49, 82]  # 23 tokens
 # Other traffic: distinct prompts that, through a 12-block cache, push PROMPT's blocks out of the prefix cache.
 OTHERS = [[(7 * i + 13 * j) % 90 + 3 for j in range(30)] for i in range(1, 4)]
-
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_model("llama", tmp_path_factory.mktemp("models") / "llama")
 
 
 # ------------------------------------------------------------------------------------------------ the tier
@@ -60,8 +52,8 @@ def test_tier_is_an_lru_bounded_by_bytes() -> None:
     _save(worker, caches, [1, 2, 3], ["a", "b", "c"])
     assert worker.take_changes() == {"stored": ["a", "b", "c"], "evicted": []}
     worker.start_load([BlockTransfer("load", [5], ["a"])])  # a load refreshes "a": "b" is now the oldest
-    worker.wait_idle()
-    assert worker.take_finished() == {"load"} and worker.take_load_errors() == set()
+    worker.loads.wait_idle()
+    assert worker.loads.take_finished() == {"load"} and worker.loads.take_load_errors() == set()
     assert all(torch.equal(layer[:, 5], layer[:, 1]) for layer in caches.values())
     _save(worker, caches, [4, 6], ["d", "e"])
     assert list(worker.tier) == ["a", "d", "e"]
@@ -70,13 +62,13 @@ def test_tier_is_an_lru_bounded_by_bytes() -> None:
     assert worker.take_changes() is None
     # A block the tier no longer holds is a load error for it and what follows; the request is still reported.
     worker.start_load([BlockTransfer("gone", [6, 7], ["a", "b"])])
-    worker.wait_idle()
-    assert worker.take_finished() == {"gone"} and worker.take_load_errors() == {7}
+    worker.loads.wait_idle()
+    assert worker.loads.take_finished() == {"gone"} and worker.loads.take_load_errors() == {7}
     worker.shutdown()
 
 
 def test_disk_layer_takes_what_memory_evicts(tmp_path: Path) -> None:
-    from vllite.kv_connector.offload_disk import DiskTier
+    from vllite.plugins.kv_connectors.offload_disk import DiskTier
 
     caches = _fake_caches()
     block_bytes = 2 * 2 * BLOCK * 2 * 8 * 4
@@ -87,8 +79,8 @@ def test_disk_layer_takes_what_memory_evicts(tmp_path: Path) -> None:
     assert list(worker.tier) == ["c"] and list(disk.files) == ["a", "b"]
     assert worker.take_changes() == {"stored": ["a", "b", "c"], "evicted": []}  # spilled, not gone
     worker.start_load([BlockTransfer("load", [5, 6], ["a", "c"])])  # "a" from disk, "c" from memory
-    worker.wait_idle()
-    assert worker.take_finished() == {"load"} and worker.take_load_errors() == set()
+    worker.loads.wait_idle()
+    assert worker.loads.take_finished() == {"load"} and worker.loads.take_load_errors() == set()
     for layer in caches.values():
         assert torch.equal(layer[:, 5], layer[:, 1]) and torch.equal(layer[:, 6], layer[:, 3])
     assert disk.num_blocks_read == 1
@@ -100,8 +92,8 @@ def test_disk_layer_takes_what_memory_evicts(tmp_path: Path) -> None:
     path = disk.path / "a.safetensors"
     path.write_bytes(path.read_bytes()[:-7] + b"garbage")
     worker.start_load([BlockTransfer("bad", [6, 7], ["a", "c"])])
-    worker.wait_idle()
-    assert worker.take_finished() == {"bad"} and worker.take_load_errors() == {6, 7}
+    worker.loads.wait_idle()
+    assert worker.loads.take_finished() == {"bad"} and worker.loads.take_load_errors() == {6, 7}
     assert worker.take_changes() == {"stored": [], "evicted": ["a"]}
     folder = disk.path
     worker.shutdown()
@@ -135,26 +127,12 @@ def test_config_and_flag(model_path: Path) -> None:
 
 # ------------------------------------------------------------------------------------------- whole engines
 def _llm(model_path: Path, size_gib: float = 0.01, offload_dir: Path | None = None, **kw: Any) -> Any:
-    from vllite import LLM
-
     extra: dict[str, Any] = {"offload_size_gib": size_gib}
     if offload_dir is not None:
         extra.update(offload_dir=str(offload_dir), offload_disk_size_gib=0.01)
     kv = {"kv_connector": "offload", "kv_connector_extra_config": extra}
     settings: dict[str, Any] = {"max_model_len": 48, "num_gpu_blocks_override": 13, **kw}
-    return LLM(
-        str(model_path),
-        dtype="float32",
-        block_size=BLOCK,
-        skip_tokenizer_init=True,
-        kv_transfer_config=json.dumps(kv),
-        **settings,
-    )
-
-
-def _greedy(llm: Any, prompts: list[list[int]], max_tokens: int = 6) -> list[Any]:
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    return llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return kv_llm(model_path, kv, **settings)
 
 
 def _core(llm: Any) -> Any:
@@ -163,10 +141,10 @@ def _core(llm: Any) -> Any:
 
 def _run_evict_reload(llm: Any) -> tuple[Any, Any]:
     """PROMPT, other traffic one request at a time (evicting PROMPT from the prefix cache), PROMPT again."""
-    [first] = _greedy(llm, [PROMPT])
+    [first] = greedy(llm, [PROMPT])
     for other in OTHERS:
-        _greedy(llm, [other])
-    [again] = _greedy(llm, [PROMPT])
+        greedy(llm, [other])
+    [again] = greedy(llm, [PROMPT])
     return first, again
 
 
@@ -183,7 +161,7 @@ def test_evicted_prefix_is_loaded_from_the_tier_not_recomputed(
             scheduler_role = core.scheduler.kv_transfer.connector
             worker = core.model_executor.runner.kv_connector.worker
             assert scheduler_role.num_loads == 1 and scheduler_role.num_loaded_tokens == 20
-            assert worker.num_blocks_loaded == 5 and worker.num_load_errors == 0
+            assert worker.loads.num_blocks_loaded == 5 and worker.loads.num_load_errors == 0
             assert core.scheduler.kv_cache_manager.usage == 0  # idle: no block leaked
             assert not core.scheduler.kv_transfer.remote_loads and not core.scheduler.kv_transfer.held
     assert first.outputs[0].token_ids == expected and first.num_cached_tokens == 0
@@ -202,7 +180,7 @@ def test_evicted_prefix_comes_back_from_the_disk_layer(
         first, again = _run_evict_reload(llm)
         if multiprocess == "0":
             worker = _core(llm).model_executor.runner.kv_connector.worker
-            assert not worker.tier and worker.disk.num_blocks_read == 5 and worker.num_load_errors == 0
+            assert not worker.tier and worker.disk.num_blocks_read == 5 and worker.loads.num_load_errors == 0
         assert len(list(tmp_path.iterdir())) == 1  # the engine's private folder
     assert not list(tmp_path.iterdir())  # removed at shutdown
     assert again.num_cached_tokens == 20
@@ -215,7 +193,7 @@ def test_without_the_tier_the_prefix_is_recomputed(model_path: Path, monkeypatch
     with _llm(model_path, size_gib=1e-9) as llm:
         first, again = _run_evict_reload(llm)
         worker = _core(llm).model_executor.runner.kv_connector.worker
-        assert not worker.tier and worker.num_blocks_loaded == 0
+        assert not worker.tier and worker.loads.num_blocks_loaded == 0
     assert again.num_cached_tokens == 0
     assert again.outputs[0].token_ids == first.outputs[0].token_ids == hf_greedy(model_path, PROMPT, 6)
 
@@ -223,7 +201,7 @@ def test_without_the_tier_the_prefix_is_recomputed(model_path: Path, monkeypatch
 def test_lru_bound_holds_in_the_engine(model_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VLLITE_ENABLE_MULTIPROCESSING", "0")
     with _llm(model_path) as llm:  # measure one block's bytes
-        _greedy(llm, [PROMPT])
+        greedy(llm, [PROMPT])
         block_bytes = _core(llm).model_executor.runner.kv_connector.worker.bytes_used // 5
     capacity = 3 * block_bytes
     with _llm(model_path, size_gib=capacity / 2**30) as llm:
@@ -253,11 +231,11 @@ def test_many_requests_sharing_a_prefix_through_a_small_cache(
     expected = [hf_greedy(model_path, p, 6) for p in prompts]
     with _llm(model_path, num_gpu_blocks_override=24, max_model_len=48, max_num_seqs=4) as llm:
         for _ in range(2):
-            outs = _greedy(llm, prompts)
+            outs = greedy(llm, prompts)
             assert [o.outputs[0].token_ids for o in outs] == expected
         core = _core(llm)
         worker = core.model_executor.runner.kv_connector.worker
-        assert worker.num_blocks_loaded > 0 and worker.num_load_errors == 0
+        assert worker.loads.num_blocks_loaded > 0 and worker.loads.num_load_errors == 0
         assert core.scheduler.num_preemptions_total > 0, "the small KV cache was meant to force preemptions"
         assert all(o.num_cached_tokens >= 16 for o in outs)  # the second pass found every shared prefix
         assert core.scheduler.kv_cache_manager.usage == 0

@@ -6,33 +6,26 @@ The oracle is Hugging Face ``generate()`` (greedy, float32).
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kv_connector_support import BLOCK, PROMPT, kv_llm
+from kv_connector_support import model_path as model_path  # the fixture
 from test_executor_support import (
     hf_greedy,
-    make_model,
     single_thread,  # noqa: F401  (autouse fixture)
 )
 
 from vllite.kv_connector.config import KVTransferConfig
 from vllite.kv_connector.conformance import run_conformance
 from vllite.kv_connector.factory import connector_class
-from vllite.kv_connector.p2p import P2PConnector
 from vllite.outputs import RequestOutput
+from vllite.plugins.kv_connectors.p2p import P2PConnector
 from vllite.sampling_params import SamplingParams
 
-BLOCK = 4
-PROMPT = [11, 23, 5, 78, 42, 9, 60, 31, 17, 88, 4, 53, 27, 70, 36, 8, 91, 14, 66, 20, 3, 49, 82]  # 23 tokens
 OTHER = [(7 * j) % 90 + 3 for j in range(18)]
-
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_model("llama", tmp_path_factory.mktemp("models") / "llama")
 
 
 @pytest.fixture(autouse=True)
@@ -41,23 +34,13 @@ def multiprocess(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _llm(model_path: Path, role: str, policy: str = "fail", **extra: Any) -> Any:
-    from vllite import LLM
-
     kv = {
         "kv_connector": "p2p",
         "kv_role": role,
         "kv_load_failure_policy": policy,
         "kv_connector_extra_config": {"p2p_timeout_s": 2.0, **extra},
     }
-    return LLM(
-        str(model_path),
-        dtype="float32",
-        block_size=BLOCK,
-        skip_tokenizer_init=True,
-        max_model_len=48,
-        num_gpu_blocks_override=32,
-        kv_transfer_config=json.dumps(kv),
-    )
+    return kv_llm(model_path, kv, max_model_len=48, num_gpu_blocks_override=32)
 
 
 def _prefill(llm: Any, prompt: list[int]) -> RequestOutput:

@@ -14,7 +14,7 @@ import pytest
 from vllite.config import EngineArgs
 from vllite.kv_connector.base import KVConnectorRole
 from vllite.kv_connector.config import KVTransferConfig
-from vllite.kv_connector.testing import MOCK_CONNECTOR, ConnectorModelRunner, MockKVConnector
+from vllite.plugins.kv_connectors.mock import MOCK_CONNECTOR, ConnectorModelRunner, MockKVConnector
 from vllite.policies.continuum import ContinuumScheduler
 from vllite.policies.fcfs import FCFSScheduler
 from vllite.policies.priority import PriorityScheduler

@@ -9,13 +9,14 @@ tokens as computing it.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from kv_connector_support import BLOCK, PROMPT, greedy, kv_llm
+from kv_connector_support import model_path as model_path  # the fixture
 from test_executor_support import (
     ManualScheduler,
     hf_greedy,
@@ -27,24 +28,17 @@ from test_executor_support import (
 from tests.plugin_utils import forget_modules, make_distribution
 from vllite.exceptions import KVBlockFileError
 from vllite.kv_connector.base import KVConnectorRole
-from vllite.kv_connector.block_files import SUFFIX, is_complete, read_block, write_block
 from vllite.kv_connector.config import KVTransferConfig
 from vllite.kv_connector.factory import connector_class, create_connector
-from vllite.kv_connector.shared_storage import SharedStorageConnector
 from vllite.plugin_manager import reset_plugin_manager
+from vllite.plugins.kv_connectors.block_files import SUFFIX, is_complete, read_block, write_block
+from vllite.plugins.kv_connectors.shared_storage import SharedStorageConnector
 from vllite.plugins.transformers_executor.executor import DefaultExecutor
 from vllite.request import Request
 from vllite.sampling_params import SamplingParams
 from vllite.sched.output import ModelRunnerOutput, SchedulerOutput
 
-BLOCK = 4
-PROMPT = [11, 23, 5, 78, 42, 9, 60, 31, 17, 88, 4, 53, 27, 70, 36, 8, 91, 14, 66, 20, 3, 49, 82]  # 23 tokens
 SHARED = [*PROMPT[:16], 7, 19, 44, 50, 61, 25, 12, 95, 33]  # 4 blocks in common
-
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_model("llama", tmp_path_factory.mktemp("models") / "llama")
 
 
 def _kv_config(directory: Path, **kw: Any) -> KVTransferConfig:
@@ -184,7 +178,7 @@ def test_truncated_file_is_a_miss_and_corrupt_one_a_reported_load_error(model_pa
     sched.run(executor)
     executor.shutdown()
     scheduler_role = sched.connector
-    names = scheduler_role._track(Request("x", PROMPT, SamplingParams())).names
+    names = scheduler_role.prefix_blocks.track(Request("x", PROMPT, SamplingParams())).names
     paths = [scheduler_role.directory / f"{name}{SUFFIX}" for name in names]
     assert all(p.exists() for p in paths)
 
@@ -241,31 +235,17 @@ def test_namespace_separates_models_and_salts_separate_prefixes(model_path: Path
         "shared-storage", kv_connector_extra_config={"shared_storage_path": str(tmp_path), "namespace": "team"}
     )
     assert SharedStorageConnector(other, KVConnectorRole.SCHEDULER, shared).directory == tmp_path / "team"
-    plain = a._track(Request("p", PROMPT, SamplingParams())).names
-    salted = a._track(Request("s", PROMPT, SamplingParams(), cache_salt="x")).names
+    plain = a.prefix_blocks.track(Request("p", PROMPT, SamplingParams())).names
+    salted = a.prefix_blocks.track(Request("s", PROMPT, SamplingParams(), cache_salt="x")).names
     assert len(plain) == 5 and not set(plain) & set(salted)
 
 
 # -------------------------------------------------------------------------------------------- whole engines
 def _llm(model_path: Path, directory: Path, **kw: Any) -> Any:
-    from vllite import LLM
-
     kv = {"kv_connector": "shared-storage", "kv_connector_extra_config": {"shared_storage_path": str(directory)}}
     kv.update(kw.pop("kv", {}))
     settings: dict[str, Any] = {"max_model_len": 128, "num_gpu_blocks_override": 64, **kw}
-    return LLM(
-        str(model_path),
-        dtype="float32",
-        block_size=BLOCK,
-        skip_tokenizer_init=True,
-        kv_transfer_config=json.dumps(kv),
-        **settings,
-    )
-
-
-def _greedy(llm: Any, prompts: list[list[int]], max_tokens: int = 6) -> list[Any]:
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    return llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return kv_llm(model_path, kv, **settings)
 
 
 def _executor_of(llm: Any) -> DefaultExecutor:
@@ -279,12 +259,12 @@ def test_second_engine_reuses_the_directory(
     monkeypatch.setenv("VLLITE_ENABLE_MULTIPROCESSING", multiprocess)
     expected = {"shared": hf_greedy(model_path, SHARED, 6), "prompt": hf_greedy(model_path, PROMPT, 6)}
     with _llm(model_path, tmp_path) as first:
-        [out] = _greedy(first, [PROMPT])
+        [out] = greedy(first, [PROMPT])
     assert out.outputs[0].token_ids == expected["prompt"]
     assert len(_files(tmp_path)) == 5
     with _llm(model_path, tmp_path) as second:  # a fresh engine: an empty prefix cache, the same directory
-        [shared] = _greedy(second, [SHARED])  # 4 blocks from the directory
-        [again] = _greedy(second, [PROMPT])  # 4 blocks from the local prefix cache, the 5th from the directory
+        [shared] = greedy(second, [SHARED])  # 4 blocks from the directory
+        [again] = greedy(second, [PROMPT])  # 4 blocks from the local prefix cache, the 5th from the directory
         if multiprocess == "0":
             worker = _worker(_executor_of(second))
             assert worker.num_blocks_loaded == 5 and worker.num_load_errors == 0
@@ -300,7 +280,7 @@ def test_sliding_window_model_with_chunked_prefill(tmp_path: Path) -> None:
     expected = hf_greedy(model, PROMPT, 6)
     for run in range(2):  # blocks are saved chunk by chunk, before the window drops them; then loaded
         with _llm(model, tmp_path / "kv", max_num_batched_tokens=8) as llm:
-            [out] = _greedy(llm, [PROMPT])
+            [out] = greedy(llm, [PROMPT])
             worker = _worker(_executor_of(llm))
         assert out.outputs[0].token_ids == expected
         assert (worker.num_blocks_saved, worker.num_blocks_loaded, out.num_cached_tokens) == (
@@ -316,7 +296,7 @@ def test_preemptions_with_a_small_cache_and_shared_prefixes(model_path: Path, tm
     expected = [hf_greedy(model_path, p, 6) for p in prompts]
     for run in range(2):
         with _llm(model_path, tmp_path, num_gpu_blocks_override=24, max_model_len=88, max_num_seqs=8) as llm:
-            outs = _greedy(llm, prompts)
+            outs = greedy(llm, prompts)
             preemptions = llm.llm_engine.engine_core.engine_core.scheduler.num_preemptions_total
             worker = _worker(_executor_of(llm))
         assert [o.outputs[0].token_ids for o in outs] == expected, f"run {run}"
@@ -330,14 +310,17 @@ def _block_paths(model_path: Path, directory: Path, prompt: list[int]) -> list[P
     role = SharedStorageConnector(
         make_config(model_path, block_size=BLOCK), KVConnectorRole.SCHEDULER, _kv_config(directory)
     )
-    return [role.directory / f"{name}{SUFFIX}" for name in role._track(Request("x", prompt, SamplingParams())).names]
+    return [
+        role.directory / f"{name}{SUFFIX}"
+        for name in role.prefix_blocks.track(Request("x", prompt, SamplingParams())).names
+    ]
 
 
 @pytest.mark.parametrize("damage", ["truncate", "corrupt"])
 def test_damaged_file_is_never_loaded_and_output_equals_hf(model_path: Path, tmp_path: Path, damage: str) -> None:
     expected = hf_greedy(model_path, PROMPT, 6)
     with _llm(model_path, tmp_path) as first:
-        _greedy(first, [PROMPT])
+        greedy(first, [PROMPT])
     paths = _block_paths(model_path, tmp_path, PROMPT)
     assert all(is_complete(p) for p in paths)
     raw = bytearray(paths[2].read_bytes())
@@ -347,7 +330,7 @@ def test_damaged_file_is_never_loaded_and_output_equals_hf(model_path: Path, tmp
         raw[-1] ^= 0xFF
         paths[2].write_bytes(bytes(raw))
     with _llm(model_path, tmp_path, kv={"kv_load_failure_policy": "recompute"}) as second:
-        [out] = _greedy(second, [PROMPT])
+        [out] = greedy(second, [PROMPT])
         worker = _worker(_executor_of(second))
         # Truncated: a miss when scheduling (2 blocks load). Corrupt: blocks 2.. fail their load and recompute.
         assert (worker.num_blocks_loaded, worker.num_load_errors) == ((2, 0) if damage == "truncate" else (2, 3))
@@ -359,22 +342,22 @@ def test_damaged_file_is_never_loaded_and_output_equals_hf(model_path: Path, tmp
 
 def test_corrupt_file_under_the_fail_policy_fails_the_request(model_path: Path, tmp_path: Path) -> None:
     with _llm(model_path, tmp_path) as first:
-        _greedy(first, [PROMPT])
+        greedy(first, [PROMPT])
     path = _block_paths(model_path, tmp_path, PROMPT)[1]
     raw = bytearray(path.read_bytes())
     raw[-1] ^= 0xFF
     path.write_bytes(bytes(raw))
     with _llm(model_path, tmp_path, kv={"kv_load_failure_policy": "fail"}) as second:
-        [out] = _greedy(second, [PROMPT])
+        [out] = greedy(second, [PROMPT])
         assert out.outputs[0].finish_reason == "error"
-        [ok] = _greedy(second, [SHARED])  # the engine goes on; block 1 is gone from the directory now
+        [ok] = greedy(second, [SHARED])  # the engine goes on; block 1 is gone from the directory now
     assert ok.outputs[0].token_ids == hf_greedy(model_path, SHARED, 6)
 
 
 # ------------------------------------------------------------------------------------- a third-party connector
 THIRD_PARTY = """
 from vllite.hookspecs import hookimpl
-from vllite.kv_connector.shared_storage import SharedStorageConnector
+from vllite.plugins.kv_connectors.shared_storage import SharedStorageConnector
 
 
 class CountingStorage(SharedStorageConnector):
@@ -420,11 +403,11 @@ def test_third_party_connector_by_name_and_by_class_path(
     directory = tmp_path / "kv"
     expected = hf_greedy(model_path, PROMPT, 4)
     with _llm(model_path, directory, kv=selection) as first:
-        [out] = _greedy(first, [PROMPT], 4)
+        [out] = greedy(first, [PROMPT], 4)
     assert out.outputs[0].token_ids == expected
     assert sorted(module.CountingStorage.built) == ["SCHEDULER", "WORKER"]
     assert len(_files(directory)) == 5
     with _llm(model_path, directory, kv=selection) as second:
-        [out] = _greedy(second, [PROMPT], 4)
+        [out] = greedy(second, [PROMPT], 4)
     assert out.outputs[0].token_ids == expected and out.num_cached_tokens == 20
     assert os.path.isdir(directory)

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 import torch
+from kv_connector_support import model_path as model_path  # the fixture
 from test_executor_support import (
     ManualScheduler,
     hf_greedy,
     make_config,
-    make_model,
     single_thread,  # noqa: F401  (autouse fixture)
 )
 
@@ -88,11 +88,6 @@ class _Plugin:
     @hookimpl
     def vllite_register_kv_connectors(register: Any) -> None:
         register("recording", RecordingConnector)
-
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_model("llama", tmp_path_factory.mktemp("models") / "llama")
 
 
 @pytest.fixture

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from tests.plugin_utils import forget_modules, make_distribution
@@ -158,3 +160,46 @@ def test_hook_caller_none_without_implementations(plugin_root):
     manager = plugin_manager.get_plugin_manager()
     assert manager.hook_caller("vllite_register_models") is None
     assert manager.hook_caller("vllite_register_commands") is not None
+
+
+LAZY_PLUGIN = """
+from vllite import hookimpl
+
+@hookimpl
+def vllite_register_schedulers(register):
+    register("lazy", "lazy_sched_impl:Sched")
+    register("lazy-broken", "lazy_sched_impl:Missing")
+    register("lazy-lame", "lazy_sched_impl:Lame")
+"""
+
+LAZY_IMPL = SCHEDULER_PLUGIN.split("@hookimpl")[0] + "\nclass Lame:\n    pass\n"
+
+
+def test_a_class_path_registration_is_imported_only_when_used(plugin_root):
+    forget_modules("lazy_sched_mod", "lazy_sched_impl")
+    make_distribution(
+        plugin_root,
+        "lazy-dist",
+        {"vllite": {"lazy": "lazy_sched_mod"}},
+        {"lazy_sched_mod": LAZY_PLUGIN, "lazy_sched_impl": LAZY_IMPL.format(cls="Sched")},
+    )
+    registry = plugin_manager.get_registry("schedulers")
+    assert {"lazy", "lazy-broken", "lazy-lame", "fcfs"} <= set(registry)
+    assert "lazy_sched_impl" not in sys.modules  # listing imports nothing
+    assert registry["lazy"].__name__ == "Sched" and "lazy_sched_impl" in sys.modules
+    assert plugin_manager.resolve_component("schedulers", "lazy") is registry["lazy"]
+
+    with pytest.raises(PluginLoadError) as info:  # a bad entry fails where it is used, naming plugin and entry
+        plugin_manager.resolve_component("schedulers", "lazy-broken")
+    assert "'lazy-broken'" in str(info.value) and "lazy-dist" in str(info.value) and "Missing" in str(info.value)
+    assert (info.value.plugin, info.value.distribution) == ("lazy", "lazy-dist")
+    with pytest.raises(PluginLoadError, match=r"'lazy-lame'.*lacks schedule"):
+        plugin_manager.resolve_component("schedulers", "lazy-lame")
+
+
+def test_builtins_are_registered_lazily_and_resolve_to_their_classes():
+    from vllite.policies.fcfs import FCFSScheduler
+
+    components = plugin_manager.get_plugin_manager().components("schedulers")
+    assert components["fcfs"].target == "vllite.policies.fcfs:FCFSScheduler"
+    assert plugin_manager.resolve_component("schedulers", "fcfs") is FCFSScheduler

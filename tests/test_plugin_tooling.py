@@ -295,22 +295,23 @@ def test_plugins_check_flags_broken_entry_point_and_hook_processor(site, capsys,
     assert errors[-1] == "vllite: error: 2 broken plugin(s) (VLLITE_DISABLED_PLUGINS=bad_ep,bad_hooks turns them off)"
     assert "    BROKEN: " in out  # the listing is printed too
 
-    # Without --check: the same listing, broken ones marked, no failure.
-    assert main(["plugins"]) == 0
-    out = capsys.readouterr().out
-    block = out[out.index("good_ep  [check-dist 1.5]  (group vllite.logits_processors)") :]
-    assert block.splitlines()[1:3] == ["    entry point: check_mod:Good", "    class: check_mod.Good"]
-    assert len(re.findall(r"^    BROKEN: ", out, re.M)) == 2
-    assert "2 broken: the engine will not start while they load" in out
-
-    rows = _rows(capsys)
+    rows = _rows(capsys, "--check", status=1)
     assert rows["good_ep"]["errors"] == [] and rows["good_ep"]["class"] == "check_mod.Good"
     assert rows["bad_ep"]["entry_point"] == "check_mod:NoUpdate" and rows["bad_ep"]["class"] == "check_mod.NoUpdate"
     assert "missing update_state" in rows["bad_ep"]["errors"][0]
     assert rows["bad_hooks"]["components"] == {"logits_processors": ["half"]}
     assert "'half'" in rows["bad_hooks"]["errors"][0]
     assert rows["vllite.builtin_logitsprocs.plugin"]["errors"] == []
-    _rows(capsys, "--check", status=1)
+
+    # Without --check: the same plugins, listed without importing their processors, and a pointer to --check.
+    assert main(["plugins"]) == 0
+    out = capsys.readouterr().out
+    block = out[out.index("good_ep  [check-dist 1.5]  (group vllite.logits_processors)") :]
+    assert block.splitlines()[1] == "    entry point: check_mod:Good"
+    assert "    class: " not in out and "BROKEN" not in out
+    assert out.rstrip().endswith("`vllite plugins --check` imports and checks each one.")
+    rows = _rows(capsys)
+    assert rows["bad_ep"]["errors"] == [] and rows["bad_ep"]["class"] is None
 
     # The deny list the message suggests makes the check pass.
     _set_env(monkeypatch, {"VLLITE_DISABLED_PLUGINS": "bad_ep,bad_hooks"})

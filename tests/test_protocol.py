@@ -8,6 +8,7 @@ import msgspec
 import pytest
 import torch
 
+from vllite.plugins.engine_proc.serial import MsgpackDecoder, MsgpackEncoder
 from vllite.protocol import (
     FINISH_REASON_STRINGS,
     EngineCoreEvent,
@@ -26,7 +27,6 @@ from vllite.protocol import (
     UtilityResult,
 )
 from vllite.sampling_params import RequestOutputKind, SamplingParams
-from vllite.serial import MsgpackDecoder, MsgpackEncoder
 
 
 def wire(obj, t):

@@ -7,8 +7,8 @@ import math
 import msgspec
 import pytest
 
+from vllite.plugins.engine_proc.serial import MsgpackDecoder, MsgpackEncoder
 from vllite.sampling_params import RequestOutputKind, SamplingParams, SamplingType
-from vllite.serial import MsgpackDecoder, MsgpackEncoder
 
 INVALID = [
     ("n", 0),

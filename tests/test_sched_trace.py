@@ -9,7 +9,8 @@ import pytest
 
 from vllite import plugin_manager
 from vllite.policies import trace
-from vllite.sched import FCFSRequestQueue, PriorityRequestQueue, create_request_queue, create_scheduler
+from vllite.policies.priority_queue import PriorityRequestQueue, create_request_queue
+from vllite.sched import FCFSRequestQueue, create_scheduler
 from vllite.testing import ScriptedModelRunner, make_config, make_request
 
 
@@ -59,6 +60,8 @@ def test_trace_env_writes_one_json_line_per_step(fresh_plugins, monkeypatch, tmp
         trace.tracer.close()
         monkeypatch.delenv(trace.TRACE_PATH_ENV)
         importlib.reload(trace)
+    fresh_plugins()
+    assert plugin_manager.get_hook_caller("vllite_step_observer") is None  # the reload left no stale hook
     records = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, 12))
     first, second = records[0], records[1]
@@ -76,10 +79,12 @@ def test_step_tracer_as_plugin_object(fresh_plugins, tmp_path):
     manager = fresh_plugins()
     tracer = trace.StepTracer(tmp_path / "t.jsonl")
     manager.register(tracer, name="tracer")
-    s = create_scheduler(make_config(), 20)
-    s.add_request(make_request(s, "A", [1, 2, 3], max_tokens=2))
-    run(s, 3)
-    tracer.close()
+    try:
+        s = create_scheduler(make_config(), 20)
+        s.add_request(make_request(s, "A", [1, 2, 3], max_tokens=2))
+        run(s, 3)
+    finally:
+        tracer.close()
     lines = (tmp_path / "t.jsonl").read_text().splitlines()
     assert [json.loads(x)["running"] for x in lines] == [{}, {"A": 1}, {}]
 

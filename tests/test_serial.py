@@ -1,4 +1,5 @@
-"""vllite.serial: tensors and arrays inline and zero-copy, strict decoding, fuzzing with hostile frames."""
+"""The engine wire (vllite.plugins.engine_proc.serial): tensors and arrays inline and zero-copy, strict decoding,
+fuzzing with hostile frames."""
 
 from __future__ import annotations
 
@@ -15,6 +16,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vllite.plugins.engine_proc.serial import (
+    EXT_ARRAY_AUX,
+    EXT_ARRAY_INLINE,
+    DecodeError,
+    MsgpackDecoder,
+    MsgpackEncoder,
+)
 from vllite.protocol import (
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -26,7 +34,6 @@ from vllite.protocol import (
     UtilityResult,
 )
 from vllite.sampling_params import SamplingParams
-from vllite.serial import EXT_ARRAY_AUX, EXT_ARRAY_INLINE, DecodeError, MsgpackDecoder, MsgpackEncoder
 
 
 def roundtrip(obj, t=None, threshold=256):
@@ -188,7 +195,10 @@ def test_utility_result_with_tensor():
 
 
 def test_import_does_not_load_torch_or_numpy():
-    code = "import sys, vllite.serial, vllite.protocol; print('torch' in sys.modules, 'numpy' in sys.modules)"
+    code = (
+        "import sys, vllite.plugins.engine_proc.serial, vllite.protocol; "
+        "print('torch' in sys.modules, 'numpy' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
 

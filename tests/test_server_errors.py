@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from vllite.testing.server import FORCED_SEQUENCE, RemoteServer
+from vllite.plugins.openai_server.testing import FORCED_SEQUENCE, RemoteServer
 
 KEY = "s3cret"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -16,7 +16,7 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from vllite.testing.server import RemoteServer  # noqa: E402
+from vllite.plugins.openai_server.testing import RemoteServer  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

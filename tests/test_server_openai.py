@@ -10,7 +10,7 @@ import pytest
 openai = pytest.importorskip("openai")
 
 from vllite.assets import default_model_path  # noqa: E402
-from vllite.testing.server import FORCED_SEQUENCE, RemoteServer  # noqa: E402
+from vllite.plugins.openai_server.testing import FORCED_SEQUENCE, RemoteServer  # noqa: E402
 
 MODEL = "demo"
 PROMPTS = ["Once upon a time", "def main():", "The quick brown fox"]

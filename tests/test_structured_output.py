@@ -8,10 +8,10 @@ import json
 import msgspec
 import pytest
 
+from vllite.plugins.structured_outputs.strict_json import strict_json_ebnf
 from vllite.sampling_params import SamplingParams
 from vllite.structured_output import StructuredOutputsConfig, StructuredOutputsParams
 from vllite.structured_output.registry import validate_structured_outputs
-from vllite.structured_output.strict_json import strict_json_ebnf
 
 P = StructuredOutputsParams
 AUTO = StructuredOutputsConfig()
@@ -112,8 +112,8 @@ def test_engine_args_and_cli_carry_the_config():
 
 def test_backends_are_registered_plugins():
     from vllite.plugin_manager import get_registry
-    from vllite.structured_output.guidance_backend import GuidanceBackend
-    from vllite.structured_output.xgrammar_backend import XgrammarBackend
+    from vllite.plugins.structured_outputs.guidance_backend import GuidanceBackend
+    from vllite.plugins.structured_outputs.xgrammar_backend import XgrammarBackend
 
     registry = get_registry("structured_output_backends")
     assert registry["xgrammar"] is XgrammarBackend and registry["guidance"] is GuidanceBackend

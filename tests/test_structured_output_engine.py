@@ -255,8 +255,8 @@ def test_mixed_batch_leaves_unconstrained_requests_exact(model_path):
 
 def test_slow_compilation_holds_up_nobody(monkeypatch, model_path):
     """A grammar whose compilation waits on an event: the requests behind it run to the end first."""
+    from vllite.plugins.structured_outputs.xgrammar_backend import XgrammarBackend
     from vllite.request import RequestStatus
-    from vllite.structured_output.xgrammar_backend import XgrammarBackend
 
     release = threading.Event()
     compile_grammar = XgrammarBackend.compile
@@ -296,7 +296,7 @@ def test_slow_compilation_holds_up_nobody(monkeypatch, model_path):
 
 
 def test_a_compile_failure_fails_that_request_only(monkeypatch, model_path):
-    from vllite.structured_output.xgrammar_backend import XgrammarBackend
+    from vllite.plugins.structured_outputs.xgrammar_backend import XgrammarBackend
 
     compile_grammar = XgrammarBackend.compile
 
@@ -325,7 +325,7 @@ def test_a_compile_failure_fails_that_request_only(monkeypatch, model_path):
 def test_a_grammar_that_raises_while_filling_fails_that_request_only(monkeypatch, model_path, fill_during_forward):
     """A matcher that raises while its step's bitmask is filled (a faulty backend plugin) ends its own request with
     ERROR naming the grammar class and the exception; the batch's other requests, constrained or not, finish."""
-    from vllite.structured_output.xgrammar_backend import XgrammarBackend, XgrammarGrammar
+    from vllite.plugins.structured_outputs.xgrammar_backend import XgrammarBackend, XgrammarGrammar
 
     fill_bitmask = XgrammarGrammar.fill_bitmask
 

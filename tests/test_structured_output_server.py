@@ -17,7 +17,7 @@ openai = pytest.importorskip("openai")
 
 from test_structured_output import BAD_CASES  # noqa: E402
 
-from vllite.testing.server import RemoteServer  # noqa: E402
+from vllite.plugins.openai_server.testing import RemoteServer  # noqa: E402
 
 MODEL = "demo"
 SCHEMA = {

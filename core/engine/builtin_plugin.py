@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from vllite.hookspecs import hookimpl
+from vllite.hookspecs import Register, hookimpl
 
 
 @hookimpl
-def vllite_register_engine_clients(register: Any) -> None:
-    from vllite.engine.core_client import InprocClient
-
-    register("inprocess", InprocClient)
+def vllite_register_engine_clients(register: Register) -> None:
+    register("inprocess", "vllite.engine.core_client:InprocClient")

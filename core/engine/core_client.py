@@ -98,6 +98,13 @@ class InprocClient(EngineCoreClient):
         from vllite.engine.core import EngineCore
 
         self.engine_core = EngineCore(config, log_stats=log_stats)
+        govern = getattr(self.engine_core.model_executor, "govern_inprocess_steps", None)
+        if govern is not None:  # the engine steps in this thread: its executor may place the model's threads
+            try:
+                govern(self.engine_core)
+            except BaseException:
+                self.engine_core.shutdown()
+                raise
         self.engine_info = self.engine_core.info
         self._stepped_outputs: deque[EngineCoreOutputs] = deque()
         self._closed = False

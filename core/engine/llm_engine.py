@@ -23,7 +23,6 @@ class LLMEngine:
     def __init__(
         self, config: EngineConfig, *, log_stats: bool | None = None, multiprocess: bool | None = None
     ) -> None:
-        from vllite.cpu_governor import govern_inprocess_client
         from vllite.engine.core_client import make_client
         from vllite.engine.frontend import Frontend, load_frontend_parts
 
@@ -31,7 +30,6 @@ class LLMEngine:
         log_stats = config.observability_config.log_stats if log_stats is None else log_stats
         tokenizer, logitsproc_classes = load_frontend_parts(config)
         self.engine_core = make_client(config, multiprocess=multiprocess, log_stats=log_stats)
-        govern_inprocess_client(self.engine_core)  # pins torch threads when the engine steps in this thread
         self.engine_info = self.engine_core.engine_info
         self.frontend = Frontend(config, self.engine_info, tokenizer, logitsproc_classes, log_stats=log_stats)
         self.tokenizer = self.frontend.tokenizer

@@ -53,6 +53,17 @@ def get_tokenizer(path: str | Path, *, trust_remote_code: bool = False, **kwargs
         ) from e
 
 
+def load_chat_template(value: str | None) -> str | None:
+    """``--chat-template`` as vLLM takes it: a file holding a Jinja template, or the template itself."""
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    try:
+        return path.read_text(encoding="utf-8") if path.is_file() else value
+    except OSError as exc:
+        raise ValueError(f"Cannot read the chat template file {value!r}: {exc}") from exc
+
+
 def apply_chat_template(
     tokenizer: AnyTokenizer,
     messages: Sequence[dict[str, Any]],

@@ -1,10 +1,12 @@
 """The paged KV-cache manager with prefix caching, as in vLLM V1.
 
 ``KVCacheManager`` is what the scheduler talks to; ``BlockPool``, ``FreeKVCacheBlockQueue`` and ``KVCacheBlock``
-are its parts; the hashing functions build the chained block hashes that ``Request`` keeps; the sizing functions
-turn a memory budget into a block count. Nothing here needs torch.
+are its parts; the hashing functions build the chained block hashes that ``Request`` keeps. Nothing here needs
+torch. How many blocks fit in memory is the executor's to decide (the default executor's
+``vllite.plugins.transformers_executor.kv_cache_sizing``); the engine receives the count.
 """
 
+from vllite import deprecated_aliases
 from vllite.kv_cache.block import FreeKVCacheBlockQueue, KVCacheBlock
 from vllite.kv_cache.block_pool import BlockHashToBlockMap, BlockPool
 from vllite.kv_cache.hashing import (
@@ -15,18 +17,8 @@ from vllite.kv_cache.hashing import (
     hash_block_tokens,
 )
 from vllite.kv_cache.manager import KVCacheBlocks, KVCacheManager, PrefixCacheStats
-from vllite.kv_cache.sizing import (
-    CPU_KVCACHE_SPACE_ENV,
-    DEFAULT_CPU_KVCACHE_SPACE_GIB,
-    cpu_kvcache_space_bytes,
-    determine_num_blocks,
-    gpu_kvcache_space_bytes,
-    kv_cache_bytes_per_token,
-)
 
 __all__ = [
-    "CPU_KVCACHE_SPACE_ENV",
-    "DEFAULT_CPU_KVCACHE_SPACE_GIB",
     "NONE_HASH",
     "BlockHashToBlockMap",
     "BlockPool",
@@ -35,12 +27,12 @@ __all__ = [
     "KVCacheBlocks",
     "KVCacheManager",
     "PrefixCacheStats",
-    "cpu_kvcache_space_bytes",
-    "determine_num_blocks",
     "generate_block_hash_extra_keys",
     "get_hash_fn",
     "get_request_block_hasher",
-    "gpu_kvcache_space_bytes",
     "hash_block_tokens",
-    "kv_cache_bytes_per_token",
 ]
+
+
+def __getattr__(name: str) -> object:
+    return deprecated_aliases.moved_attribute(__name__, name)  # the sizing functions, now the executor's

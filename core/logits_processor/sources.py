@@ -8,7 +8,6 @@ with the same descriptions, so the command checks exactly what engine start-up c
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -45,16 +44,6 @@ class LogitsProcSource:
         return self.getter()
 
 
-def _identity(obj: Any) -> Any:
-    return obj
-
-
-def _class_path(obj: Any) -> str:
-    module = getattr(obj, "__module__", None)
-    qualname = getattr(obj, "__qualname__", None)
-    return f"{module}:{qualname}" if module and qualname else repr(obj)
-
-
 def hook_sources(manager: PluginManager, components: Iterable[Component]) -> list[LogitsProcSource]:
     """A source per component registered through the logits-processor hook (``manager.components(...)`` for what
     the engine uses, ``manager.registrations(...)`` for every registration)."""
@@ -69,8 +58,8 @@ def hook_sources(manager: PluginManager, components: Iterable[Component]) -> lis
                 distribution=info.dist_name if info else None,
                 dist_version=info.dist_version if info else None,
                 group=None,
-                reference=_class_path(component.obj),
-                getter=functools.partial(_identity, component.obj),
+                reference=component.reference,
+                getter=component.resolve,
             )
         )
     return sources

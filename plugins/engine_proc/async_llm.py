@@ -112,7 +112,7 @@ class AsyncLLM:
     ) -> Any:
         """Validates and submits one prompt; returns its ``RequestOutputCollector``. ``data_parallel_rank``: the
         data-parallel engine that must serve it (default: the client's router chooses)."""
-        from vllite.engine.output_processor import RequestOutputCollector
+        from vllite.plugins.engine_proc.output_collector import RequestOutputCollector
 
         if self.errored:
             raise self.dead_error

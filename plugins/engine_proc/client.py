@@ -28,12 +28,12 @@ import msgspec
 import zmq
 
 from vllite.config import EngineConfig
-from vllite.cpu_governor import confine_frontend
-from vllite.cpu_threads import resolve_plan
 from vllite.engine.core_client import UTILITY_METHODS, EngineCoreClient
 from vllite.exceptions import EngineClientClosedError, EngineClientUsageError, EngineDeadError, EngineStartupError
+from vllite.plugins.engine_proc.serial import MsgpackEncoder
+from vllite.plugins.transformers_executor.cpu_governor import confine_frontend
+from vllite.plugins.transformers_executor.cpu_threads import resolve_plan
 from vllite.protocol import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType, EngineInfo
-from vllite.serial import MsgpackEncoder
 
 from .client_io import _fail_pending, process_outputs_socket
 from .client_resources import BackgroundResources
@@ -148,7 +148,7 @@ class MPClient(EngineCoreClient):
         try:
             self.engine_info = self._wait_for_engine_startup(handshake, addresses)
             if self.config.parallel_config.data_parallel_size == 1:
-                confine_frontend(resolve_plan())  # off the engine's pinned CPUs (vllite.cpu_governor)
+                confine_frontend(resolve_plan())  # off the engine's pinned CPUs (see cpu_governor)
         finally:
             handshake.close(linger=0)
             self._handshake = None

@@ -20,8 +20,8 @@ from typing import Any
 import zmq
 
 from vllite.exceptions import EngineDeadError, UtilityCallError
+from vllite.plugins.engine_proc.serial import MsgpackDecoder
 from vllite.protocol import EngineCoreOutputs
-from vllite.serial import MsgpackDecoder
 
 logger = logging.getLogger(__name__)
 

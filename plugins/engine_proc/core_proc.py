@@ -27,11 +27,11 @@ import msgspec
 import zmq
 
 from vllite.config import EngineConfig
-from vllite.cpu_governor import govern_engine_core
-from vllite.cpu_threads import CpuThreadPlan, resolve_plan
 from vllite.engine.core import EngineCore
 from vllite.engine.core_client import UTILITY_METHODS
 from vllite.exceptions import EngineStartupError, ExecutorFailedError, UtilityCallError
+from vllite.plugins.transformers_executor.cpu_governor import govern_engine_core
+from vllite.plugins.transformers_executor.cpu_threads import CpuThreadPlan, resolve_plan
 from vllite.protocol import (
     EngineCoreOutputs,
     EngineCoreRequest,
@@ -87,7 +87,7 @@ class EngineCoreProc:
                 register(lambda: self.io.input_queue.put_nowait((EngineCoreRequestType.EXECUTOR_FAILED, b"")))
             self.io.start(addresses.inputs, addresses.outputs, identity, self.engine.info, engine_index)
             # The busy loop steps the model on this thread: its torch threads are pinned here, the I/O threads
-            # moved to the CPUs left to them (see vllite.cpu_governor).
+            # moved to the CPUs left to them (see vllite.plugins.transformers_executor.cpu_governor).
             self.cpu_threads = govern_engine_core(self.engine, cpu_plan or resolve_plan())
             self.cpu_threads.place_others()
 

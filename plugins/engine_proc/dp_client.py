@@ -36,12 +36,12 @@ import msgspec
 from vllite.config import EngineConfig
 from vllite.engine.core_client import EngineCoreClient
 from vllite.exceptions import EngineClientClosedError, EngineClientUsageError, EngineDeadError
+from vllite.plugins.engine_proc.serial import MsgpackEncoder
 from vllite.protocol import (
     EngineCoreOutputs,
     EngineCoreRequest,
     EngineCoreRequestType,
 )
-from vllite.serial import MsgpackEncoder
 
 from .async_client import _LoopWaker
 from .client import MPClient

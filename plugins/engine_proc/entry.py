@@ -1,7 +1,8 @@
 """The engine-core child process: entry point, signal handling and parent-death watch.
 
 ``run_engine_core`` is the ``multiprocessing`` (spawn) target. Before torch loads it resolves the CPU-thread
-plan (``VLLITE_CPU_OMP_THREADS_BIND``, see ``vllite.cpu_threads``) and sets the OpenMP variables it implies.
+plan (``VLLITE_CPU_OMP_THREADS_BIND``, see ``vllite.plugins.transformers_executor.cpu_threads``) and sets the
+OpenMP variables it implies.
 Plugins are loaded in the child by the plugin manager on first use, from the ``sys.path`` and environment the
 parent passed on, so a scheduler or logits processor from a third-party distribution works across the process
 boundary.
@@ -25,10 +26,13 @@ import shutil
 import signal
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from vllite.config import EngineConfig
-from vllite.cpu_threads import CpuThreadPlan
+from vllite.plugins.transformers_executor.cpu_threads import CpuThreadPlan
+
+if TYPE_CHECKING:
+    from .core_proc import EngineCoreProc
 
 logger = logging.getLogger(__name__)
 
@@ -64,9 +68,10 @@ def _setup_child(sys_path: list[str], env: dict[str, str], log_level: int) -> No
 
 
 def _prepare_cpu_threads() -> CpuThreadPlan:
-    """Resolves the CPU-thread plan of this process (``vllite.cpu_threads``) and, before torch loads, the OpenMP
-    variables it implies; a variable set by the user wins. A bad value fails the start-up, naming the variable."""
-    from vllite.cpu_threads import resolve_plan
+    """Resolves the CPU-thread plan of this process (``transformers_executor.cpu_threads``) and, before torch loads,
+    the OpenMP variables it implies; a variable set by the user wins. A bad value fails the start-up, naming the
+    variable."""
+    from vllite.plugins.transformers_executor.cpu_threads import resolve_plan
 
     plan = resolve_plan()
     for key, value in plan.spawn_env().items():
@@ -77,7 +82,7 @@ def _prepare_cpu_threads() -> CpuThreadPlan:
 def _confine_to_bound_cpus() -> None:
     """A data-parallel engine given a CPU list keeps every thread on it (its I/O threads too, rather than on the
     CPUs of the other engines); before any thread starts, so they all inherit the mask."""
-    from vllite.cpu_threads import BIND_ENV, parse_cpu_list
+    from vllite.plugins.transformers_executor.cpu_threads import BIND_ENV, parse_cpu_list
 
     bind = os.environ.get(BIND_ENV, "").strip()
     if not bind or bind in ("auto", "nobind") or "|" in bind:
@@ -166,14 +171,7 @@ def run_engine_core(
     _setup_child(sys_path or [], env or {}, log_level)
     if config.parallel_config.data_parallel_size > 1:
         _confine_to_bound_cpus()
-    from .core_proc import EngineCoreProc
-
-    proc_class: type[EngineCoreProc] = EngineCoreProc
-    if config.parallel_config.data_parallel_size > 1:
-        from .dp_core_proc import DPEngineCoreProc
-
-        proc_class = DPEngineCoreProc
-
+    proc_class = _engine_core_class(config)
     watcher = _Watcher(parent_conn)
     watcher.install()
     engine_core: EngineCoreProc | None = None
@@ -197,12 +195,7 @@ def run_engine_core(
             engine_core.stop_output_thread()
     except BaseException as exc:
         exit_code = 1
-        if engine_core is None:
-            logger.exception("EngineCore failed to start.")
-            report_startup_failure(handshake_address, exc, curve_server_key=curve_server_key)
-        else:
-            logger.exception("EngineCore encountered a fatal error.")
-            engine_core.send_engine_dead(exc)
+        _report_fatal_error(engine_core, exc, handshake_address, curve_server_key)
     finally:
         watcher.uninstall()
         if engine_core is not None:
@@ -211,11 +204,45 @@ def run_engine_core(
             except Exception:
                 logger.exception("EngineCore shutdown failed")
     if watcher.parent_gone:  # nobody else will remove the frontend's private IPC directory
-        from .utils import ipc_dir_of
+        _remove_ipc_dir(handshake_address)
+    _exit_now(exit_code)
 
-        directory = ipc_dir_of(handshake_address)
-        if directory is not None:
-            shutil.rmtree(directory, ignore_errors=True)
+
+def _engine_core_class(config: EngineConfig) -> type[EngineCoreProc]:
+    """``DPEngineCoreProc`` with ``data_parallel_size > 1``, else ``EngineCoreProc``."""
+    from .core_proc import EngineCoreProc
+
+    if config.parallel_config.data_parallel_size > 1:
+        from .dp_core_proc import DPEngineCoreProc
+
+        return DPEngineCoreProc
+    return EngineCoreProc
+
+
+def _report_fatal_error(
+    engine_core: EngineCoreProc | None, exc: BaseException, handshake_address: str, curve_server_key: bytes | None
+) -> None:
+    """Logs ``exc`` with its traceback (call it from the ``except`` block) and tells the frontend: a start-up
+    failure on the handshake socket while there is no ``engine_core`` yet, else the engine's death."""
+    if engine_core is None:
+        logger.exception("EngineCore failed to start.")
+        report_startup_failure(handshake_address, exc, curve_server_key=curve_server_key)
+    else:
+        logger.exception("EngineCore encountered a fatal error.")
+        engine_core.send_engine_dead(exc)
+
+
+def _remove_ipc_dir(handshake_address: str) -> None:
+    """Removes the frontend's private IPC directory, where ``handshake_address`` is in one."""
+    from .utils import ipc_dir_of
+
+    directory = ipc_dir_of(handshake_address)
+    if directory is not None:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _exit_now(exit_code: int) -> NoReturn:
+    """Ends the process with ``exit_code`` once logs and standard streams are flushed."""
     # Skip interpreter teardown (seconds with torch loaded): everything that matters is flushed or closed. The
     # multiprocessing finalizers still run: they unlink named semaphores created here (tqdm's lock, made while
     # loading weights, registers with the parent's resource tracker, which otherwise reports it as leaked).

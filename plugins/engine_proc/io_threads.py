@@ -20,6 +20,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from vllite.exceptions import EngineStartupError
+from vllite.plugins.engine_proc.serial import DecodeError, MsgpackDecoder, MsgpackEncoder
 from vllite.protocol import (
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -29,7 +30,6 @@ from vllite.protocol import (
     FinishReason,
 )
 from vllite.request import Request
-from vllite.serial import DecodeError, MsgpackDecoder, MsgpackEncoder
 
 from .utils import ENGINE_CORE_DEAD, ENGINE_CORE_HEARTBEAT, EngineErrorCause, ProcSettings, make_socket
 

@@ -60,7 +60,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 
 def server_settings(args: argparse.Namespace, model_path: str) -> ServerSettings:
     """The server's settings, checked before any engine starts; ``ValueError`` names the bad flag."""
-    from vllite.cli_commands import _chat_template
+    from vllite.engine.tokenizer import load_chat_template
 
     if args.model_tag and args.model and args.model_tag != args.model:
         raise ValueError(f"Two models given: {args.model_tag!r} and --model {args.model!r}; give one.")
@@ -79,7 +79,7 @@ def server_settings(args: argparse.Namespace, model_path: str) -> ServerSettings
         served_model_names=names,
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
         max_log_len=args.max_log_len,
-        chat_template=_chat_template(args.chat_template),
+        chat_template=load_chat_template(args.chat_template),
         trust_request_chat_template=args.trust_request_chat_template,
         tool_call_parser=args.tool_call_parser,
         enable_auto_tool_choice=bool(args.tool_call_parser),

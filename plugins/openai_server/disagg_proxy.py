@@ -5,7 +5,7 @@ prefill server (a ``kv_producer`` engine) with ``max_tokens=1``, no streaming an
 ``kv_transfer_params={"do_remote_decode": true}``; the ``kv_transfer_params`` in its response (where and what to
 fetch) are then added to the original request, which goes to a decode server (a ``kv_consumer`` engine) and whose
 answer, streamed or not, is the client's. The decode engine pulls the prompt's KV from the prefill engine instead
-of computing it (see ``vllite.kv_connector.p2p``). Each phase goes to the server of its group with the fewest
+of computing it (see ``vllite.plugins.kv_connectors.p2p``). Each phase goes to the server of its group with the fewest
 requests in flight. A prefill server that refuses the request (400, 401, ...) answers the client directly; one that
 cannot be reached is a 502 naming it; a decode server that cannot load the KV recomputes it or fails the request,
 per its ``kv_load_failure_policy``.
@@ -24,14 +24,17 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
 from vllite.exceptions import UpstreamError
 from vllite.plugins.openai_server.errors import error_response
 from vllite.plugins.openai_server.responses import encode
+
+if TYPE_CHECKING:
+    import aiohttp
 
 logger = logging.getLogger("vllite.server")
 
@@ -78,21 +81,146 @@ def prefill_body(body: dict[str, Any], chat: bool) -> dict[str, Any]:
     return prefill
 
 
-def build_proxy_app(prefill: UpstreamGroup, decode: UpstreamGroup, *, timeout_s: float | None = None) -> Any:
+class DisaggProxy:
+    """The proxy's state behind the routes: the two server groups and one HTTP client session, opened on first
+    use and closed by :meth:`close` (the app's shutdown)."""
+
+    def __init__(self, prefill: UpstreamGroup, decode: UpstreamGroup, *, timeout_s: float | None = None) -> None:
+        import aiohttp  # with the app, not with this module (which the CLI imports to build its parsers)
+
+        self.prefill = prefill
+        self.decode = decode
+        self.timeout_s = timeout_s
+        self._session: aiohttp.ClientSession | None = None
+        #: What a request to a server that cannot be reached (or does not answer in time) raises.
+        self._unreachable: tuple[type[BaseException], ...] = (aiohttp.ClientError, TimeoutError, OSError)
+
+    def session(self) -> aiohttp.ClientSession:
+        """The client session: a whole request may take ``timeout_s``, no limit on connections."""
+        import aiohttp
+
+        if self._session is None:
+            timeout = aiohttp.ClientTimeout(total=self.timeout_s, sock_connect=10)
+            self._session = aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0))
+        return self._session
+
+    async def close(self) -> None:
+        """Closes the client session, if one was opened."""
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
+
+    async def post(
+        self, group: UpstreamGroup, path: str, body: dict[str, Any], headers: dict[str, str]
+    ) -> tuple[Upstream, aiohttp.ClientResponse]:
+        """Opens ``POST path`` on the least busy server of ``group``; the caller reads and releases the response."""
+        upstream = group.pick()
+        upstream.in_flight += 1
+        try:
+            return upstream, await self.session().post(upstream.url + path, json=body, headers=headers)
+        except self._unreachable as exc:
+            upstream.in_flight -= 1
+            raise UpstreamError(f"the {group.role} server {upstream.url} cannot be reached: {exc}") from None
+
+    async def relay(self, request: Request, path: str, chat: bool) -> Response:
+        """Serves a completions request (``chat`` for ``/v1/chat/completions``) through both groups; a client
+        that disconnects cancels it."""
+        from vllite.plugins.openai_server.app import cancel_on_disconnect
+
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except ValueError as exc:
+            return _error(400, f"The request body is not valid JSON: {exc}.")
+        if not isinstance(body, dict):
+            return _error(400, "The request body must be a JSON object.")
+        headers = _forwarded_headers(request)
+        return await cancel_on_disconnect(request, self.disaggregate(path, body, headers, chat))
+
+    async def disaggregate(self, path: str, body: dict[str, Any], headers: dict[str, str], chat: bool) -> Response:
+        """The prefill phase, then the decode phase with the prefill's ``kv_transfer_params``; the decode
+        server's answer (streamed when asked and successful) is the client's."""
+        try:
+            upstream, first = await self.post(self.prefill, path, prefill_body(body, chat), headers)
+            answer = await _read_and_release(upstream, first)
+            if first.status != 200:
+                return Response(answer, first.status, media_type=first.content_type)
+            kv_params = json.loads(answer).get("kv_transfer_params")
+            if kv_params:
+                body = {**body, "kv_transfer_params": kv_params}
+            upstream, second = await self.post(self.decode, path, body, headers)
+        except UpstreamError as exc:
+            logger.warning("disagg-proxy: %s", exc)
+            return _error(502, str(exc))
+        if body.get("stream") and second.status == 200:
+            return StreamingResponse(_stream(upstream, second), media_type="text/event-stream")
+        content = await _read_and_release(upstream, second)
+        return Response(content, second.status, media_type=second.content_type)
+
+    async def models(self, request: Request) -> Response:
+        """``/v1/models`` as a decode server answers it."""
+        headers = _forwarded_headers(request)
+        upstream = self.decode.pick()
+        try:
+            async with self.session().get(upstream.url + "/v1/models", headers=headers) as response:
+                return Response(await response.read(), response.status, media_type=response.content_type)
+        except self._unreachable as exc:
+            return _error(502, f"the decode server {upstream.url} cannot be reached: {exc}")
+
+    async def health(self) -> Response:
+        """200 when every server of both groups answers its ``/health`` with 200; else 503 naming the others."""
+        down = []
+        for group in (self.prefill, self.decode):
+            for upstream in group.upstreams:
+                try:
+                    async with self.session().get(upstream.url + "/health") as response:
+                        if response.status != 200:
+                            down.append(upstream.url)
+                except self._unreachable:
+                    down.append(upstream.url)
+        if down:
+            return _error(503, "Unhealthy servers: " + ", ".join(down))
+        return Response(status_code=200)
+
+
+def _forwarded_headers(request: Request) -> dict[str, str]:
+    return {k: v for k, v in request.headers.items() if k.lower() in _FORWARDED_HEADERS}
+
+
+def _error(status: int, message: str, param: str | None = None) -> Response:
+    return Response(encode(error_response(status, message, param)), status, media_type="application/json")
+
+
+async def _read_and_release(upstream: Upstream, response: aiohttp.ClientResponse) -> bytes:
+    """The whole body of a server's response; releases the connection and the server's slot whatever happens."""
+    try:
+        return await response.read()
+    finally:
+        response.release()
+        upstream.in_flight -= 1
+
+
+async def _stream(upstream: Upstream, response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    """The decode server's events as they come; closing early (the client left) aborts its request."""
+    try:
+        async for chunk in response.content.iter_any():
+            yield chunk
+    finally:
+        response.close()
+        upstream.in_flight -= 1
+
+
+def build_proxy_app(prefill: UpstreamGroup, decode: UpstreamGroup, *, timeout_s: float | None = None) -> FastAPI:
     """The FastAPI application: ``/v1/completions`` and ``/v1/chat/completions`` through both groups,
     ``/v1/models`` from a decode server, ``/health`` healthy when every server is."""
-    import aiohttp
-
-    from vllite.plugins.openai_server.app import cancel_on_disconnect
     from vllite.version import __version__
 
-    state: dict[str, aiohttp.ClientSession] = {}
+    proxy = DisaggProxy(prefill, decode, timeout_s=timeout_s)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
-        if "session" in state:
-            await state.pop("session").close()
+        await proxy.close()
 
     app = FastAPI(
         title="vllite disagg-proxy",
@@ -102,106 +230,31 @@ def build_proxy_app(prefill: UpstreamGroup, decode: UpstreamGroup, *, timeout_s:
         openapi_url=None,
         lifespan=lifespan,
     )
-
-    def session() -> aiohttp.ClientSession:
-        if "session" not in state:
-            timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=10)
-            state["session"] = aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0))
-        return state["session"]
-
-    def error(status: int, message: str, param: str | None = None) -> Response:
-        return Response(encode(error_response(status, message, param)), status, media_type="application/json")
-
-    async def post(group: UpstreamGroup, path: str, body: dict[str, Any], headers: dict[str, str]) -> Any:
-        """Opens ``POST path`` on the least busy server of ``group``; the caller reads and releases the response."""
-        upstream = group.pick()
-        upstream.in_flight += 1
-        try:
-            return upstream, await session().post(upstream.url + path, json=body, headers=headers)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            upstream.in_flight -= 1
-            raise UpstreamError(f"the {group.role} server {upstream.url} cannot be reached: {exc}") from None
-
-    async def relay(request: Request, path: str, chat: bool) -> Response:
-        raw = await request.body()
-        try:
-            body = json.loads(raw)
-        except ValueError as exc:
-            return error(400, f"The request body is not valid JSON: {exc}.")
-        if not isinstance(body, dict):
-            return error(400, "The request body must be a JSON object.")
-        headers = {k: v for k, v in request.headers.items() if k.lower() in _FORWARDED_HEADERS}
-        return await cancel_on_disconnect(request, disaggregate(path, body, headers, chat))
-
-    async def disaggregate(path: str, body: dict[str, Any], headers: dict[str, str], chat: bool) -> Response:
-        try:
-            upstream, first = await post(prefill, path, prefill_body(body, chat), headers)
-            try:
-                answer = await first.read()
-            finally:
-                first.release()
-                upstream.in_flight -= 1
-            if first.status != 200:
-                return Response(answer, first.status, media_type=first.content_type)
-            kv_params = json.loads(answer).get("kv_transfer_params")
-            if kv_params:
-                body = {**body, "kv_transfer_params": kv_params}
-            upstream, second = await post(decode, path, body, headers)
-        except UpstreamError as exc:
-            logger.warning("disagg-proxy: %s", exc)
-            return error(502, str(exc))
-        if body.get("stream") and second.status == 200:
-            return StreamingResponse(stream(upstream, second), media_type="text/event-stream")
-        try:
-            content = await second.read()
-        finally:
-            second.release()
-            upstream.in_flight -= 1
-        return Response(content, second.status, media_type=second.content_type)
-
-    async def stream(upstream: Upstream, response: Any) -> AsyncIterator[bytes]:
-        """The decode server's events as they come; closing early (the client left) aborts its request."""
-        try:
-            async for chunk in response.content.iter_any():
-                yield chunk
-        finally:
-            response.close()
-            upstream.in_flight -= 1
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await relay(request, "/v1/completions", chat=False)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await relay(request, "/v1/chat/completions", chat=True)
-
-    @app.get("/v1/models")
-    async def models(request: Request) -> Response:
-        headers = {k: v for k, v in request.headers.items() if k.lower() in _FORWARDED_HEADERS}
-        upstream = decode.pick()
-        try:
-            async with session().get(upstream.url + "/v1/models", headers=headers) as response:
-                return Response(await response.read(), response.status, media_type=response.content_type)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            return error(502, f"the decode server {upstream.url} cannot be reached: {exc}")
-
-    @app.get("/health")
-    async def health() -> Response:
-        down = []
-        for group in (prefill, decode):
-            for upstream in group.upstreams:
-                try:
-                    async with session().get(upstream.url + "/health") as response:
-                        if response.status != 200:
-                            down.append(upstream.url)
-                except (aiohttp.ClientError, TimeoutError, OSError):
-                    down.append(upstream.url)
-        if down:
-            return error(503, "Unhealthy servers: " + ", ".join(down))
-        return Response(status_code=200)
-
+    app.state.proxy = proxy
+    app.include_router(_proxy_router(proxy))
     return app
+
+
+def _proxy_router(proxy: DisaggProxy) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await proxy.relay(request, "/v1/completions", chat=False)
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await proxy.relay(request, "/v1/chat/completions", chat=True)
+
+    @router.get("/v1/models")
+    async def models(request: Request) -> Response:
+        return await proxy.models(request)
+
+    @router.get("/health")
+    async def health() -> Response:
+        return await proxy.health()
+
+    return router
 
 
 def add_proxy_arguments(parser: argparse.ArgumentParser) -> None:

@@ -4,15 +4,13 @@ only where Ray is installed; nothing is imported until a client is built."""
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
 
-from vllite.hookspecs import hookimpl
-from vllite.plugins.engine_proc.plugin import _LazyClient
+from vllite.hookspecs import Register, hookimpl
 
 
 @hookimpl
-def vllite_register_engine_clients(register: Any) -> None:
+def vllite_register_engine_clients(register: Register) -> None:
     if importlib.util.find_spec("ray") is None:
         return  # `pip install ray` enables the backend
-    register("dp_ray", _LazyClient("vllite.plugins.ray_dp.client", "SyncRayDPClient"))
-    register("async_dp_ray", _LazyClient("vllite.plugins.ray_dp.client", "AsyncRayDPClient"))
+    register("dp_ray", "vllite.plugins.ray_dp.client:SyncRayDPClient")
+    register("async_dp_ray", "vllite.plugins.ray_dp.client:AsyncRayDPClient")

@@ -19,19 +19,20 @@ from __future__ import annotations
 
 import gc
 import logging
+from typing import Any
 
 import torch
 
 from vllite.exceptions import DeviceUnavailableError, ExecutorAsleepError, KVCacheMemoryError, ModelLoadError
 from vllite.executor import Executor, KVCacheInfo, ModelInfo
-from vllite.kv_cache.sizing import (
+from vllite.kv_connector.base import KVConnectorBase, KVConnectorRole
+from vllite.model_files import load_hf_config
+from vllite.plugins.transformers_executor.kv_cache_sizing import (
     cpu_kvcache_space_bytes,
     determine_num_blocks,
     gpu_kvcache_space_bytes,
     kv_cache_bytes_per_token,
 )
-from vllite.kv_connector.base import KVConnectorBase, KVConnectorRole
-from vllite.model_files import load_hf_config
 from vllite.plugins.transformers_executor.model_loader import (
     load_model,
     model_spec,
@@ -236,6 +237,14 @@ class DefaultExecutor(Executor):
     def _model_on_device(self) -> bool:
         param = next(self.runner.model.parameters(), None)
         return param is None or param.device == self.device
+
+    def govern_inprocess_steps(self, engine_core: Any) -> None:
+        """Pins torch's threads (the plan of ``VLLITE_CPU_OMP_THREADS_BIND``, see :mod:`.cpu_threads`) while the
+        caller's thread steps ``engine_core``, and governs them after each step (:mod:`.cpu_governor`)."""
+        from vllite.plugins.transformers_executor.cpu_governor import govern_engine_core
+        from vllite.plugins.transformers_executor.cpu_threads import resolve_plan
+
+        govern_engine_core(engine_core, resolve_plan(), caller_thread=True)
 
     def shutdown(self) -> None:
         """Frees the KV cache and the model. Idempotent."""

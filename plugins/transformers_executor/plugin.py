@@ -1,7 +1,7 @@
 """Registers the default executor under ``default``, ``cpu`` and ``cuda``.
 
-The executor classes import torch, so they are imported only when the ``executors`` registry is built (engine
-start-up), never when the plugin manager merely loads this module.
+The executor classes import torch, so they are registered by class path: imported when an engine selects one,
+never when the plugin manager merely lists the registry.
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ from vllite.hookspecs import Register, hookimpl
 @hookimpl
 def vllite_register_executors(register: Register) -> None:
     """``default`` follows ``--device`` (auto: CUDA when available); ``cpu`` and ``cuda`` force a device."""
-    from vllite.plugins.transformers_executor.executor import CPUExecutor, CUDAExecutor, DefaultExecutor
-
-    register("default", DefaultExecutor)
-    register("cpu", CPUExecutor)
-    register("cuda", CUDAExecutor)
+    register("default", "vllite.plugins.transformers_executor.executor:DefaultExecutor")
+    register("cpu", "vllite.plugins.transformers_executor.executor:CPUExecutor")
+    register("cuda", "vllite.plugins.transformers_executor.executor:CUDAExecutor")

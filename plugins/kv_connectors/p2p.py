@@ -15,7 +15,7 @@ Scheduler role, producer: ``request_finished`` of a request that stopped normall
 hands its blocks to the worker (``P2PMetadata.sends``); the blocks are freed once the worker reports them fetched
 (``finished_sending``). The worker's address reaches the scheduler role through ``kv_connector_stats``. Consumer:
 ``get_num_new_matched_tokens`` reports the tokens of the request's ``kv_transfer_params`` beyond the local prefix
-hit, async; the worker pulls them on a background thread (:mod:`vllite.kv_connector.p2p_worker`). A failed fetch is
+hit, async; the worker pulls them on a background thread (:mod:`.p2p_worker`). A failed fetch is
 a load error (recomputed or failed per ``kv_load_failure_policy``); a request loads from its producer once.
 """
 
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from vllite.config import EngineConfig
     from vllite.kv_connector.config import KVTransferConfig
-    from vllite.kv_connector.p2p_worker import P2PLoad, P2PSend, P2PWorker
+    from vllite.plugins.kv_connectors.p2p_worker import P2PLoad, P2PSend, P2PWorker
     from vllite.request import Request
     from vllite.sched.output import SchedulerOutput
 
@@ -86,7 +86,7 @@ class P2PConnector(KVConnectorBase):
         self.worker: P2PWorker | None = None
         self._address_reported = False
         if role == KVConnectorRole.WORKER:
-            from vllite.kv_connector.p2p_worker import P2PWorker
+            from vllite.plugins.kv_connectors.p2p_worker import P2PWorker
 
             serve = kv_transfer_config.is_kv_producer
             self.worker = P2PWorker(self.host, self.port, self.timeout_s, self.send_timeout_s, serve)
@@ -110,7 +110,7 @@ class P2PConnector(KVConnectorBase):
     def update_state_after_alloc(self, request: Request, block_ids: list[int], num_external_tokens: int) -> None:
         if num_external_tokens <= 0:
             return
-        from vllite.kv_connector.p2p_worker import P2PLoad
+        from vllite.plugins.kv_connectors.p2p_worker import P2PLoad
 
         params = remote_params(request)
         assert params is not None, "external tokens without kv_transfer_params"
@@ -142,7 +142,7 @@ class P2PConnector(KVConnectorBase):
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         """A producer keeps a normally finished request's prompt blocks until the consumer fetched them."""
-        from vllite.kv_connector.p2p_worker import P2PSend
+        from vllite.plugins.kv_connectors.p2p_worker import P2PSend
 
         self._attempted.discard(request.request_id)
         self._local.pop(request.request_id, None)
@@ -183,10 +183,10 @@ class P2PConnector(KVConnectorBase):
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         if self.worker is None:
             return None, None
-        return self.worker.take_sent(), self.worker.take_finished()
+        return self.worker.take_sent(), self.worker.loads.take_finished()
 
     def get_block_ids_with_load_errors(self) -> set[int]:
-        return self.worker.take_load_errors() if self.worker is not None else set()
+        return self.worker.loads.take_load_errors() if self.worker is not None else set()
 
     def get_kv_connector_stats(self) -> dict[str, Any] | None:
         """The producer's address, reported once (the scheduler role puts it in ``kv_transfer_params``)."""

@@ -1,12 +1,13 @@
-"""What ``vllite plugins`` reports: every plugin and logits processor the engine would load, each checked the way
-engine start-up checks it, a broken one marked with the error start-up would raise instead of stopping the report.
+"""What ``vllite plugins`` reports: every plugin and logits processor the engine would load, a broken one marked
+with the error start-up would raise instead of stopping the report.
 
 Rows, in order: the pluggy plugins (builtins, then the ``vllite`` entry-point group) with the hooks they implement
 and what they register, then one row per entry point of the ``vllm.logits_processors`` /
 ``vllite.logits_processors`` groups. Everything goes through the engine's own code: the environment's plugin
-filter, the registries' checks (required methods, duplicate names), and the logits-processor loader's
-:func:`~vllite.logits_processor.loader.check_source`, which runs on every entry point and on every class
-registered through the ``vllite_register_logits_processors`` hook.
+filter and the registries' checks (duplicate names, the required methods of what a plugin registered as an object).
+A listing imports no component a plugin registered by class path and no logits-processor entry point (so it
+imports no torch); with ``check=True`` every component is imported as well, and every logits processor goes
+through the loader's :func:`~vllite.logits_processor.loader.check_source`, exactly as engine start-up does.
 """
 
 from __future__ import annotations
@@ -59,9 +60,9 @@ def _class_path(obj: Any) -> str:
     return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__qualname__)}"
 
 
-def hook_plugin_rows() -> list[PluginRow]:
-    """The pluggy plugins, with what each registers; registry errors and broken hook-registered logits processors
-    are marked on the plugin that caused them."""
+def hook_plugin_rows(check: bool = False) -> list[PluginRow]:
+    """The pluggy plugins, with what each registers; registry errors (and, with ``check``, components that fail to
+    load and broken hook-registered logits processors) are marked on the plugin that caused them."""
     from vllite.plugin_manager import COMPONENT_KINDS, get_plugin_manager
 
     manager = get_plugin_manager()
@@ -90,8 +91,10 @@ def hook_plugin_rows() -> list[PluginRow]:
                 names.append(component.name)
         for error in hook_errors:
             mark(error.plugin, str(error))
-        if kind == "logits_processors":
+        if check and kind == "logits_processors":
             _check_registered_logitsprocs(manager, registered, mark)
+        elif check:
+            _load_components(registered, mark)
         try:
             manager.components(kind)
         except PluginLoadError as exc:  # duplicate names, missing methods: the first one start-up would raise
@@ -115,9 +118,18 @@ def _check_registered_logitsprocs(manager: PluginManager, registered: list[Compo
             mark(source.plugin, str(exc))
 
 
-def logits_processor_rows() -> list[PluginRow]:
-    """One row per logits-processor entry point the environment's filter allows, loaded and checked as the
-    engine's loader does; a broken one carries the ``PluginLoadError`` start-up would raise."""
+def _load_components(registered: list[Component], mark: Mark) -> None:
+    for component in registered:
+        try:
+            component.load()
+        except PluginLoadError as exc:
+            mark(component.plugin, str(exc))
+
+
+def logits_processor_rows(check: bool = False) -> list[PluginRow]:
+    """One row per logits-processor entry point the environment's filter allows; with ``check``, each is loaded
+    and checked as the engine's loader does, and a broken one carries the ``PluginLoadError`` start-up would
+    raise."""
     from vllite.logits_processor.loader import check_logitsproc_class
     from vllite.logits_processor.slot import is_slot_interface
     from vllite.logits_processor.sources import entry_point_sources
@@ -132,6 +144,9 @@ def logits_processor_rows() -> list[PluginRow]:
             entry_point=source.reference,
             disable_name=source.name,
         )
+        rows.append(row)
+        if not check:
+            continue
         try:
             obj = source.load()
             slot = isinstance(obj, type) and is_slot_interface(obj)
@@ -139,10 +154,10 @@ def logits_processor_rows() -> list[PluginRow]:
             check_logitsproc_class(obj, origin=source.origin, plugin=source.plugin, distribution=source.distribution)
         except PluginLoadError as exc:
             row.add_error(str(exc))
-        rows.append(row)
     return rows
 
 
-def plugin_report() -> list[PluginRow]:
-    """Every row of ``vllite plugins``: the pluggy plugins, then the logits-processor entry points."""
-    return hook_plugin_rows() + logits_processor_rows()
+def plugin_report(check: bool = False) -> list[PluginRow]:
+    """Every row of ``vllite plugins``: the pluggy plugins, then the logits-processor entry points; ``check``
+    imports and checks every component (see the module docstring)."""
+    return hook_plugin_rows(check) + logits_processor_rows(check)

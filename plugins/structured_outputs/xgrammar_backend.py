@@ -1,8 +1,8 @@
 """The ``xgrammar`` backend (the default): JSON schemas, regexes, choices, EBNF grammars and structural tags.
 
-JSON goes through xgrammar's schema converter, then :func:`~vllite.structured_output.strict_json.strict_json_ebnf`
+JSON goes through xgrammar's schema converter, then :func:`~.strict_json.strict_json_ebnf`
 so strings never hold raw control characters, then
-:func:`~vllite.structured_output.bounded_strings.chain_bounded_strings` so the token masks of length-bounded strings
+:func:`~.bounded_strings.chain_bounded_strings` so the token masks of length-bounded strings
 are worked out at compile time, not token by token at every step. Schema keywords xgrammar ignores (its converter
 warns and carries on) are refused at validation, so ``auto`` can hand such a schema to another backend instead of
 producing output that does not validate.
@@ -15,9 +15,9 @@ import os
 import re
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from vllite.plugins.structured_outputs.bounded_strings import chain_bounded_strings
+from vllite.plugins.structured_outputs.strict_json import strict_json_ebnf
 from vllite.structured_output.backend import StructuredOutputBackend, StructuredOutputGrammar
-from vllite.structured_output.bounded_strings import chain_bounded_strings
-from vllite.structured_output.strict_json import strict_json_ebnf
 
 if TYPE_CHECKING:
     import torch

@@ -9,7 +9,7 @@ dropped and reported sent, so its blocks are freed.
 
 Consumer: ``fetch`` pulls one request's blocks on a background thread (a REQ socket, ``timeout_s``) and copies
 them into the request's allocated blocks; an unreachable producer, a timeout or a bad reply makes every block of
-the load a load error. Either way the request is reported in ``take_finished``.
+the load a load error. Either way the request is reported in ``loads.take_finished``.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ import json
 import logging
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 import zmq
 
 from vllite.exceptions import P2PTransferError
+from vllite.plugins.kv_connectors.background_loads import BackgroundLoads
 
 logger = logging.getLogger(__name__)
 
@@ -57,17 +57,12 @@ class P2PWorker:
         self.send_timeout_s = send_timeout_s
         self.layers: list[torch.Tensor] = []
         self._ctx = zmq.Context()
-        self._lock = threading.Lock()  # guards every set/dict below (the threads write them)
+        self._lock = threading.Lock()  # guards _offers and _sent (the server thread writes them)
         self._offers: dict[str, tuple[P2PSend, float]] = {}  # transfer id -> (send, deadline)
         self._sent: set[str] = set()
-        self._finished: set[str] = set()
-        self._load_errors: set[int] = set()
         self._stop = threading.Event()
-        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="vllite-kv-p2p-fetch")
-        self._inflight: list[Future[None]] = []
+        self.loads = BackgroundLoads(max_workers=2, thread_name_prefix="vllite-kv-p2p-fetch")  # the fetch threads
         self.num_blocks_sent = 0
-        self.num_blocks_received = 0
-        self.num_load_errors = 0
         self.address: str | None = None
         self._server: threading.Thread | None = None
         if serve:
@@ -150,7 +145,7 @@ class P2PWorker:
     def fetch(self, loads: list[P2PLoad]) -> None:
         """Starts pulling ``loads`` in the background."""
         for load in loads:
-            self._inflight.append(self._pool.submit(self._pull, load))
+            self.loads.submit(self._pull, load)
 
     def _pull(self, load: P2PLoad) -> None:
         """The fetch thread: one request's blocks from the producer into the paged cache, or load errors."""
@@ -169,11 +164,7 @@ class P2PWorker:
         except Exception as exc:  # never a hang: every failure is a load error
             logger.warning("p2p: loading request %s's KV from %s failed: %s", load.req_id, load.address, exc)
             failed = set(load.block_ids)
-        with self._lock:
-            self._finished.add(load.req_id)
-            self._load_errors |= failed
-            self.num_load_errors += len(failed)
-            self.num_blocks_received += len(load.block_ids) - len(failed)
+        self.loads.finish(load.req_id, len(load.block_ids) - len(failed), failed)
 
     def _request(self, load: P2PLoad) -> torch.Tensor:
         """One fetch round trip; ``P2PTransferError`` on a timeout or a refusal."""
@@ -195,22 +186,10 @@ class P2PWorker:
         raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         return raw.view(dtype).reshape(header["shape"])
 
-    def take_finished(self) -> set[str]:
-        """Requests whose load ended (landed or failed) since the previous call."""
-        self._inflight = [f for f in self._inflight if not f.done()]
-        with self._lock:
-            finished, self._finished = self._finished, set()
-        return finished
-
-    def take_load_errors(self) -> set[int]:
-        with self._lock:
-            errors, self._load_errors = self._load_errors, set()
-        return errors
-
     def shutdown(self) -> None:
         """Stops the server thread, waits for fetches in flight, closes the sockets."""
         self._stop.set()
         if self._server is not None:
             self._server.join(timeout=5)
-        self._pool.shutdown(wait=True)
+        self.loads.shutdown()
         self._ctx.term()

@@ -12,7 +12,7 @@ The extension is self-describing, so tensors round-trip inside ``Any``-typed fie
 Decoding is strict: dtypes come from a fixed allow-list, shapes must match the buffer size, frame indices must
 exist. Anything malformed raises :data:`DecodeError` (``msgspec.DecodeError``; ``msgspec.ValidationError`` is
 a subclass), never anything else, and no code from the wire is ever run. Types the encoder does not know raise
-``TypeError``. ``import vllite.serial`` does not import torch or numpy: they are imported when first seen.
+``TypeError``. Importing this module does not import torch or numpy: they are imported when first seen.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ class MsgpackEncoder:
         if isinstance(obj, slice):
             return (obj.start, obj.stop, obj.step)
         raise TypeError(
-            f"Object of type {type(obj).__name__} is not serializable by vllite.serial "
+            f"Object of type {type(obj).__name__} is not serializable by vllite.plugins.engine_proc.serial "
             "(supported: msgspec-native types, msgspec Structs, torch tensors, numpy arrays)."
         )
 
@@ -150,7 +150,7 @@ class MsgpackEncoder:
         dtype = str(t.dtype).removeprefix("torch.")
         if dtype not in _TORCH_DTYPES or t.layout != torch.strided:
             raise TypeError(
-                f"Tensors of dtype {t.dtype} and layout {t.layout} are not serializable by vllite.serial "
+                f"Tensors of dtype {t.dtype} and layout {t.layout} are not serializable on the engine wire "
                 "(dense tensors of plain number dtypes only)."
             )
         shape = tuple(t.shape)
@@ -165,7 +165,7 @@ class MsgpackEncoder:
         import numpy as np
 
         if not _NUMPY_DTYPE_RE.fullmatch(arr.dtype.str):
-            raise TypeError(f"numpy arrays of dtype {arr.dtype} are not serializable by vllite.serial.")
+            raise TypeError(f"numpy arrays of dtype {arr.dtype} are not serializable on the engine wire.")
         raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
         return self._pack(_KIND_NUMPY, arr.dtype.str, tuple(arr.shape), raw)
 

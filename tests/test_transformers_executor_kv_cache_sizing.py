@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from vllite.exceptions import KVCacheMemoryError
-from vllite.kv_cache import (
+from vllite.plugins.transformers_executor.kv_cache_sizing import (
     CPU_KVCACHE_SPACE_ENV,
     DEFAULT_CPU_KVCACHE_SPACE_GIB,
     cpu_kvcache_space_bytes,
@@ -46,7 +46,7 @@ def test_too_small_a_budget_names_the_need_and_the_knobs(caplog: pytest.LogCaptu
 
 
 def test_shrinking_max_model_len_only_when_allowed_and_logged(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="vllite.kv_cache.sizing"):
+    with caplog.at_level(logging.WARNING, logger="vllite.plugins.transformers_executor.kv_cache_sizing"):
         assert determine_num_blocks(16_000, 100, 16, 1000, allow_shrink=True) == (10, 144)
     assert "lowering max_model_len to 144" in caplog.text
     with pytest.raises(KVCacheMemoryError):
@@ -75,3 +75,4 @@ def test_gpu_space_is_the_share_minus_non_kv_memory() -> None:
     assert gpu_kvcache_space_bytes(10 * GiB, 0.5, 8 * GiB) == 0
     with pytest.raises(ValueError):
         gpu_kvcache_space_bytes(10 * GiB, 1.5, 0)
+

@@ -10,8 +10,5 @@ from vllite.hookspecs import Register, hookimpl
 def vllite_register_structured_output_backends(register: Register) -> None:
     """``xgrammar`` (the default: JSON schema, regex, choice, EBNF grammar, structural tag) and ``guidance``
     (llguidance: JSON schema, regex, choice, GBNF/Lark grammar)."""
-    from vllite.structured_output.guidance_backend import GuidanceBackend
-    from vllite.structured_output.xgrammar_backend import XgrammarBackend
-
-    register("xgrammar", XgrammarBackend)
-    register("guidance", GuidanceBackend)
+    register("xgrammar", "vllite.plugins.structured_outputs.xgrammar_backend:XgrammarBackend")
+    register("guidance", "vllite.plugins.structured_outputs.guidance_backend:GuidanceBackend")

@@ -26,8 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from vllite.cpu_threads import CpuThreadPlan
-from vllite.exceptions import CpuThreadsConfigError
+from vllite.plugins.transformers_executor.cpu_threads import CpuThreadPlan
 
 logger = logging.getLogger(__name__)
 
@@ -279,22 +278,6 @@ def govern_engine_core(engine_core: Any, plan: CpuThreadPlan, *, caller_thread: 
 
     engine_core.step_fn = governed_step
     return governor
-
-
-def govern_inprocess_client(client: Any) -> CpuThreadGovernor | None:
-    """For an engine stepped in the caller's thread (``InprocClient``): resolves the plan from the environment and
-    governs that engine (``govern_engine_core``); ``None`` for a client whose engine runs in its own process."""
-    from vllite.cpu_threads import resolve_plan
-    from vllite.engine.core_client import InprocClient
-
-    if not isinstance(client, InprocClient):
-        return None
-    try:
-        plan = resolve_plan()
-    except CpuThreadsConfigError:
-        client.shutdown()
-        raise
-    return govern_engine_core(client.engine_core, plan, caller_thread=True)
 
 
 def confine_frontend(plan: CpuThreadPlan) -> None:

@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 
 from vllite.exceptions import KVBlockFileError
-from vllite.kv_connector.block_files import SUFFIX, is_complete, read_block, write_block
-from vllite.kv_connector.transfers import BlockTransfer, PendingSave
+from vllite.plugins.kv_connectors.block_files import SUFFIX, is_complete, read_block, write_block
+from vllite.plugins.kv_connectors.transfers import BlockTransfer, PendingSave
 
 logger = logging.getLogger(__name__)
 

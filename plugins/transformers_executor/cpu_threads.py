@@ -2,7 +2,7 @@
 
 ``resolve_plan()`` reads the variables (and the process's affinity mask) into a ``CpuThreadPlan``; nothing here
 imports torch or touches a thread, so the plan can be made in the frontend and in the engine-core process before
-torch loads. ``vllite.cpu_governor`` applies it.
+torch loads. ``vllite.plugins.transformers_executor.cpu_governor`` applies it.
 
 ``VLLITE_CPU_OMP_THREADS_BIND`` (as vLLM's ``VLLM_CPU_OMP_THREADS_BIND``):
 
@@ -15,7 +15,7 @@ torch loads. ``vllite.cpu_governor`` applies it.
 
 ``VLLITE_CPU_NUM_THREADS`` caps the number of torch threads (the first N CPUs of the list). With
 ``VLLITE_CPU_ADAPTIVE_THREADS=1`` (default) the engine moves its threads off a core another process is using and
-back when it is free again (``vllite.cpu_governor``). A value that cannot be used raises
+back when it is free again (``vllite.plugins.transformers_executor.cpu_governor``). A value that cannot be used raises
 ``CpuThreadsConfigError`` naming the variable.
 """
 

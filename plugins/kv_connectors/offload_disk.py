@@ -2,7 +2,7 @@
 
 ``{"offload_dir": PATH, "offload_disk_size_gib": N}`` in ``kv_connector_extra_config`` turn it on. Each engine
 writes into a private folder it creates under ``PATH`` (removed at shutdown), one block per file in the
-checksummed format of :mod:`vllite.kv_connector.block_files`, so a truncated or corrupt file is a miss, never KV.
+checksummed format of :mod:`.block_files`, so a truncated or corrupt file is a miss, never KV.
 
 Bookkeeping (which names are on disk, the LRU order, the byte bound) happens on the caller's thread, at once; the
 file I/O runs in order on one background thread, so a block is read only after its write has landed, and a file is
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from vllite.exceptions import KVBlockFileError
-from vllite.kv_connector.block_files import SUFFIX, read_block, write_block
+from vllite.plugins.kv_connectors.block_files import SUFFIX, read_block, write_block
 
 logger = logging.getLogger(__name__)
 

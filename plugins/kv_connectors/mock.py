@@ -1,9 +1,9 @@
 """``MockKVConnector``: a pure-Python KV connector for scheduler tests and for connector authors (vLLM's tests'
 ``MockKVConnector``, extended), plus a harness that plays the worker side without a model.
 
-Select it by class path: ``{"kv_connector": "vllite.kv_connector.testing:MockKVConnector", "kv_role": "kv_both",
-"kv_connector_extra_config": {...}}``. Settings (``kv_connector_extra_config``; tests may also change the
-attributes of the same names, or per request through ``overrides[request_id] = {...}``):
+Select it by class path: ``{"kv_connector": "vllite.plugins.kv_connectors.mock:MockKVConnector",
+"kv_role": "kv_both", "kv_connector_extra_config": {...}}``. Settings (``kv_connector_extra_config``; tests may also
+change the attributes of the same names, or per request through ``overrides[request_id] = {...}``):
 
 - ``matched_tokens`` (0): external tokens offered beyond the local hit; -1 = all the engine may load.
 - ``is_async`` (False): loads are asynchronous; the request waits in ``WAITING_FOR_REMOTE_KVS``.
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from vllite.request import Request
     from vllite.sched.output import ModelRunnerOutput, SchedulerOutput
 
-MOCK_CONNECTOR = "vllite.kv_connector.testing:MockKVConnector"
+MOCK_CONNECTOR = "vllite.plugins.kv_connectors.mock:MockKVConnector"
 
 
 @dataclass

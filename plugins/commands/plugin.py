@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from vllite.engine.tokenizer import load_chat_template
 from vllite.hookspecs import hookimpl
 
 
@@ -15,27 +16,29 @@ class PluginsCommand:
     ``vllite.logits_processors`` groups (distribution, entry point, class), filtered by ``VLLITE_PLUGINS`` /
     ``VLLITE_DISABLED_PLUGINS`` / ``VLLITE_DISABLE_PLUGIN_AUTOLOAD`` exactly as the engine filters them.
 
-    Every logits processor (entry point or hook-registered) goes through the engine's own interface check, and the
-    registries through theirs; a broken one is marked ``BROKEN`` with the error engine start-up would raise. With
-    ``--check`` the command exits with 1 when anything is broken, naming each on standard error (see
-    :mod:`vllite.plugin_report`)."""
+    The listing imports no component registered by class path and no logits-processor entry point (so it is quick
+    and imports no torch); what it can see is broken — a plugin that fails to import, a duplicate name — is marked
+    ``BROKEN``. ``--check`` imports every component and puts every logits processor through the engine's own
+    interface check, marks what start-up would refuse with the error it would raise, and exits with 1 when anything
+    is broken, naming each on standard error (see :mod:`vllite.plugins.commands.plugin_report`)."""
 
-    help = "List loaded plugins, their hooks and the components they register; --check fails on a broken one."
+    help = "List plugins, their hooks and the components they register; --check imports and checks every one."
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
         parser.add_argument(
             "--check",
             action="store_true",
-            help="Exit with status 1 if any plugin or logits processor is broken (each is named on stderr).",
+            help="Import every component and check it as engine start-up does; exit with status 1 if any plugin or "
+            "logits processor is broken (each is named on stderr).",
         )
 
     def run(self, args: argparse.Namespace) -> int:
         import json
 
-        from vllite.plugin_report import plugin_report
+        from vllite.plugins.commands.plugin_report import plugin_report
 
-        rows = plugin_report()
+        rows = plugin_report(check=args.check)
         broken = [row for row in rows if row.broken]
         if args.json:
             print(json.dumps([row.as_json() for row in rows], indent=2))
@@ -51,8 +54,10 @@ class PluginsCommand:
                 print(f"vllite: error: {len(broken)} broken plugin(s){hint}", file=sys.stderr)
                 return 1
             print(f"{len(rows)} plugins checked, none broken.", file=sys.stderr if args.json else sys.stdout)
-        elif broken and not args.json:
-            print(f"{len(broken)} broken: the engine will not start while they load{hint}.")
+        elif not args.json:
+            if broken:
+                print(f"{len(broken)} broken: the engine will not start while they load{hint}.")
+            print("Listed without importing the components; `vllite plugins --check` imports and checks each one.")
         return 0
 
 
@@ -111,19 +116,6 @@ def _sampling_params(args: argparse.Namespace, llm: Any) -> Any:
     return SamplingParams(**fields)
 
 
-def _chat_template(value: str | None) -> str | None:
-    """``--chat-template``: a file holding a Jinja template, or the template itself (as vLLM takes it)."""
-    from pathlib import Path
-
-    if value is None:
-        return None
-    path = Path(value).expanduser()
-    try:
-        return path.read_text(encoding="utf-8") if path.is_file() else value
-    except OSError as exc:
-        raise ValueError(f"Cannot read the chat template file {value!r}: {exc}") from exc
-
-
 def _report_failure(output: Any) -> int:
     """Prints ``vllite: error: ...`` to stderr for each sample of ``output`` that failed; returns how many did."""
     failed = [c for c in output.outputs if c.finish_reason == "error"]
@@ -176,7 +168,7 @@ class ChatCommand:
         _add_generation_arguments(parser)
 
     def run(self, args: argparse.Namespace) -> int:
-        chat_template = _chat_template(args.chat_template)
+        chat_template = load_chat_template(args.chat_template)
         llm = _make_llm(args)
         sampling_params = _sampling_params(args, llm)
         messages: list[dict[str, str]] = []

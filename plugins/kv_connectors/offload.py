@@ -5,7 +5,7 @@
 
 With ``"offload_dir": PATH`` the tier gets a second layer on disk, bounded by ``offload_disk_size_gib`` (default
 4): blocks memory evicts are written there (checksummed files in a private folder, removed at shutdown) and loaded
-back from there, so the tier can be far larger than host memory (:mod:`vllite.kv_connector.offload_disk`).
+back from there, so the tier can be far larger than host memory (:mod:`vllite.plugins.kv_connectors.offload_disk`).
 
 Every full prompt block the engine computes is copied to the tier (write-through: when the engine's prefix cache
 later evicts the block, the tier still has it), named by the SHA-256 hash chain of the prefix that ends with it
@@ -18,25 +18,28 @@ worker copies the blocks in on a background thread, and is scheduled once ``get_
 scheduler role knows which blocks the tier holds from the worker's reports (``kv_connector_stats`` of each step's
 ``KVConnectorOutput``: the names stored and evicted), so the two roles share no object and would work across
 processes. A block evicted between the lookup and the load is a reported load error (recomputed or failed per
-``kv_load_failure_policy``). Worker role: :mod:`vllite.kv_connector.offload_worker`.
+``kv_load_failure_policy``). The per-request bookkeeping (block names, loads, saves) is a
+:class:`~vllite.plugins.kv_connectors.prefix_blocks.PrefixBlockTracker` asking ``held`` (the reports). Worker
+role: :mod:`vllite.plugins.kv_connectors.offload_worker`.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vllite.kv_connector.base import KVConnectorBase, KVConnectorMetadata, KVConnectorOutput, KVConnectorRole
-from vllite.kv_connector.shared_storage import NULL_BLOCK_ID, prefix_block_names, rewind_saves
+from vllite.plugins.kv_connectors.prefix_blocks import PrefixBlockTracker
+from vllite.plugins.kv_connectors.transfers import BlockTransfer, BlockTransferMetadata
 
 if TYPE_CHECKING:
     import torch
 
     from vllite.config import EngineConfig
     from vllite.kv_connector.config import KVTransferConfig
-    from vllite.kv_connector.offload_worker import BlockTransfer, OffloadWorker
+    from vllite.plugins.kv_connectors.offload_worker import OffloadWorker
     from vllite.request import Request
     from vllite.sched.output import SchedulerOutput
 
@@ -44,14 +47,6 @@ if TYPE_CHECKING:
 DEFAULT_OFFLOAD_SIZE_GIB = 1.0
 #: ``offload_disk_size_gib`` when ``offload_dir`` is given and the extra config does not say.
 DEFAULT_OFFLOAD_DISK_SIZE_GIB = 4.0
-
-
-def _transfer(req_id: str, block_ids: list[int], names: list[str]) -> BlockTransfer:
-    """The (block, name) pairs of ``block_ids``/``names`` that are not the null block."""
-    from vllite.kv_connector.offload_worker import BlockTransfer
-
-    pairs = [(b, n) for b, n in zip(block_ids, names) if b != NULL_BLOCK_ID]
-    return BlockTransfer(req_id, [b for b, _ in pairs], [n for _, n in pairs])
 
 
 def offload_capacity_bytes(kv_transfer_config: KVTransferConfig, key: str = "offload_size_gib") -> int:
@@ -82,22 +77,8 @@ def offload_disk(kv_transfer_config: KVTransferConfig) -> tuple[Path, int] | Non
 
 
 @dataclass
-class OffloadMetadata(KVConnectorMetadata):
+class OffloadMetadata(BlockTransferMetadata):
     """One step's work for the worker: blocks to load from the tier, blocks to copy to it."""
-
-    loads: list[BlockTransfer] = field(default_factory=list)
-    saves: list[BlockTransfer] = field(default_factory=list)
-
-
-@dataclass
-class _Tracked:
-    """What the scheduler role knows about one live request."""
-
-    request: Request
-    names: list[str]  # name of each full prompt block, in order
-    block_ids: list[int] = field(default_factory=list)
-    local_tokens: int = 0  # the local prefix hit at the last lookup
-    saved_blocks: int = 0  # blocks [0, saved_blocks) were sent to the tier or loaded from it
 
 
 class OffloadConnector(KVConnectorBase):
@@ -108,87 +89,46 @@ class OffloadConnector(KVConnectorBase):
         self.capacity_bytes = offload_capacity_bytes(kv_transfer_config)
         disk = offload_disk(kv_transfer_config)
         self.block_size = config.cache_config.block_size
-        self._seed = hashlib.sha256(b"vllite.offload").digest()
-        self._tracked: dict[str, _Tracked] = {}
+        self.prefix_blocks = PrefixBlockTracker(self.block_size, hashlib.sha256(b"vllite.offload").digest(), self._held)
         self.held: set[str] = set()  # names the tier holds, as the worker last reported (scheduler role)
         self._loads: list[BlockTransfer] = []  # set up since the last build_connector_meta
         self.num_loads = 0  # asynchronous loads set up (scheduler role)
         self.num_loaded_tokens = 0
         self.worker: OffloadWorker | None = None
         if role == KVConnectorRole.WORKER:
-            from vllite.kv_connector.offload_disk import DiskTier
-            from vllite.kv_connector.offload_worker import OffloadWorker
+            from vllite.plugins.kv_connectors.offload_disk import DiskTier
+            from vllite.plugins.kv_connectors.offload_worker import OffloadWorker
 
             self.worker = OffloadWorker(self.capacity_bytes, DiskTier(*disk) if disk is not None else None)
 
     # ------------------------------------------------------------------ scheduler role
-    def _track(self, request: Request) -> _Tracked:
-        tracked = self._tracked.get(request.request_id)
-        if tracked is None or tracked.request is not request:
-            names = prefix_block_names(request, self.block_size, self._seed)
-            tracked = self._tracked[request.request_id] = _Tracked(request, names)
-        return tracked
+    def _held(self, name: str) -> bool:
+        """Whether the tier holds ``name``, as the worker last reported."""
+        return name in self.held
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         """The prefix the tier holds beyond ``num_computed_tokens``, excluding the prompt's last token; async."""
-        tracked = self._track(request)
-        tracked.local_tokens = num_computed_tokens
-        if not self.kv_transfer_config.is_kv_consumer or not self.held:
-            return 0, False
-        loadable = (request.num_prompt_tokens - 1) // self.block_size
-        block = num_computed_tokens // self.block_size
-        while block < loadable and tracked.names[block] in self.held:
-            block += 1
-        num = max(0, block * self.block_size - num_computed_tokens)
+        consumer = self.kv_transfer_config.is_kv_consumer and bool(self.held)
+        num = self.prefix_blocks.matched_tokens(request, num_computed_tokens, consumer)
         return num, num > 0
 
     def update_state_after_alloc(self, request: Request, block_ids: list[int], num_external_tokens: int) -> None:
-        tracked = self._track(request)
-        tracked.block_ids = list(block_ids)
-        if num_external_tokens <= 0:
+        """The external blocks start loading in the next step, asynchronously."""
+        load = self.prefix_blocks.take_load(self.prefix_blocks.allocated(request, block_ids, num_external_tokens))
+        if load is None:
             return
-        start = tracked.local_tokens // self.block_size
-        end = (tracked.local_tokens + num_external_tokens) // self.block_size
-        self._loads.append(_transfer(request.request_id, tracked.block_ids[start:end], tracked.names[start:end]))
-        tracked.saved_blocks = max(tracked.saved_blocks, end)
+        self._loads.append(load)
         self.num_loads += 1
         self.num_loaded_tokens += num_external_tokens
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        """The loads set up since the previous step, and (for ``kv_producer`` / ``kv_both``) the full prompt blocks
+        this step completes that the tier does not hold."""
         meta = OffloadMetadata(loads=self._loads)
         self._loads = []
-        if not self.kv_transfer_config.is_kv_producer:
-            return meta
-        scheduled: list[tuple[str, int]] = []  # (request id, num computed tokens before this step)
-        for new in scheduler_output.scheduled_new_reqs:
-            tracked = self._tracked.get(new.req_id)
-            if tracked is not None:
-                tracked.block_ids = list(new.block_ids)
-            scheduled.append((new.req_id, new.num_computed_tokens))
-        cached = scheduler_output.scheduled_cached_reqs
-        for i, req_id in enumerate(cached.req_ids):
-            tracked = self._tracked.get(req_id)
-            new_blocks = cached.new_block_ids[i] if i < len(cached.new_block_ids) else None
-            if tracked is not None and new_blocks:
-                tracked.block_ids.extend(new_blocks)
-            scheduled.append((req_id, cached.num_computed_tokens[i]))
-        for req_id, num_computed in scheduled:
-            tracked = self._tracked.get(req_id)
-            if tracked is not None:
-                self._add_saves(meta, tracked, num_computed, scheduler_output.num_scheduled_tokens.get(req_id, 0))
+        if self.kv_transfer_config.is_kv_producer:
+            meta.saves = self.prefix_blocks.saves(self.prefix_blocks.scheduled(scheduler_output))
         return meta
-
-    def _add_saves(self, meta: OffloadMetadata, tracked: _Tracked, num_computed: int, num_new: int) -> None:
-        """The full prompt blocks this step completes that the tier does not hold."""
-        end = min(num_computed + num_new, tracked.request.num_prompt_tokens) // self.block_size
-        start = max(tracked.saved_blocks, num_computed // self.block_size)
-        if end <= start:
-            return
-        tracked.saved_blocks = end
-        todo = [b for b in range(start, min(end, len(tracked.block_ids))) if tracked.names[b] not in self.held]
-        if todo:
-            ids = [tracked.block_ids[b] for b in todo]
-            meta.saves.append(_transfer(tracked.request.request_id, ids, [tracked.names[b] for b in todo]))
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         """Applies the tier's stored / evicted names; blocks that failed to load are to be saved again."""
@@ -196,42 +136,35 @@ class OffloadConnector(KVConnectorBase):
         if changes:
             self.held.update(changes.get("stored", ()))
             self.held.difference_update(changes.get("evicted", ()))
-        invalid = connector_output.invalid_block_ids
-        if not invalid:
-            return
-        rewind_saves(self._tracked.values(), invalid)
+        self.prefix_blocks.rewind(connector_output.invalid_block_ids)
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         """Saves are copied within their step, so the blocks are free to go at once."""
-        self._tracked.pop(request.request_id, None)
+        self.prefix_blocks.forget(request)
         return False, None
 
     # ------------------------------------------------------------------ worker role
-    def _worker_meta(self) -> OffloadMetadata:
-        meta = self._metadata
-        return meta if isinstance(meta, OffloadMetadata) else OffloadMetadata()
-
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         assert self.worker is not None, "register_kv_caches on a scheduler-role connector"
         self.worker.register(kv_caches)
 
     def start_load_kv(self, **kwargs: Any) -> None:
         if self.worker is not None:
-            self.worker.start_load(self._worker_meta().loads)
+            self.worker.start_load(OffloadMetadata.bound(self._metadata).loads)
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, **kwargs: Any) -> None:
         if self.worker is not None:
-            self.worker.save_layer(layer_name, kv_layer, self._worker_meta().saves)
+            self.worker.save_layer(layer_name, kv_layer, OffloadMetadata.bound(self._metadata).saves)
 
     def wait_for_save(self) -> None:
         if self.worker is not None:
             self.worker.finish_saves()
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        return None, (self.worker.take_finished() if self.worker is not None else None)
+        return None, (self.worker.loads.take_finished() if self.worker is not None else None)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
-        return self.worker.take_load_errors() if self.worker is not None else set()
+        return self.worker.loads.take_load_errors() if self.worker is not None else set()
 
     def get_kv_connector_stats(self) -> dict[str, Any] | None:
         return self.worker.take_changes() if self.worker is not None else None

@@ -1,11 +1,12 @@
 """The worker half of the ``offload`` connector: a bounded LRU of KV blocks in host memory, and optionally a
-second, bigger one on disk (:class:`~vllite.kv_connector.offload_disk.DiskTier`) that takes what memory evicts.
+second, bigger one on disk (:class:`~vllite.plugins.kv_connectors.offload_disk.DiskTier`) that takes what memory evicts.
 
 Saves: ``save_layer`` copies one layer's blocks to the CPU right after the layer wrote this step's KV;
 ``finish_saves`` puts one ``[num_layers, 2, block_size, heads, dim]`` tensor per block into the tier (evicting the
 least recently used blocks beyond ``capacity_bytes``). Loads are asynchronous: ``start_load`` takes this step's
 tensors out of the tier (a load holds its own references, so a later eviction cannot pull them away) and hands the
-copies into the paged cache to a background thread; ``take_finished`` reports the requests whose copies are done.
+copies into the paged cache to a background thread; ``loads.take_finished`` reports the requests whose copies are
+done.
 The blocks being loaded belong to requests parked in ``WAITING_FOR_REMOTE_KVS``: no forward pass reads or writes
 them until the load is reported, so the thread needs no other synchronisation with the model.
 
@@ -18,17 +19,17 @@ What the tier stored and evicted (from both layers) since the last report goes t
 from __future__ import annotations
 
 import logging
-import threading
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 import torch
 
-from vllite.kv_connector.transfers import BlockTransfer, PendingSave
+from vllite.plugins.kv_connectors.background_loads import BackgroundLoads
+from vllite.plugins.kv_connectors.transfers import BlockTransfer, PendingSave
 
 if TYPE_CHECKING:
-    from vllite.kv_connector.offload_disk import DiskTier
+    from vllite.plugins.kv_connectors.offload_disk import DiskTier
 
 logger = logging.getLogger(__name__)
 
@@ -48,15 +49,9 @@ class OffloadWorker:
         # Since the last take_changes; a name is in at most one of them (its latest change).
         self._stored: dict[str, None] = {}
         self._evicted: dict[str, None] = {}
-        self._lock = threading.Lock()  # guards _finished, _load_errors (the copy thread writes them)
-        self._finished: set[str] = set()
-        self._load_errors: set[int] = set()
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllite-kv-offload")
-        self._inflight: list[Future[None]] = []
+        self.loads = BackgroundLoads(max_workers=1, thread_name_prefix="vllite-kv-offload")  # the copy thread
         self.num_blocks_saved = 0
-        self.num_blocks_loaded = 0
         self.num_blocks_evicted = 0
-        self.num_load_errors = 0
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """Layer name -> ``[2, num_blocks, block_size, heads, dim]``; the dict's order is the layer order."""
@@ -85,7 +80,7 @@ class OffloadWorker:
                     "offload: %d block(s) of request %s are gone from the tier", len(failed), transfer.req_id
                 )
             ids = transfer.block_ids[: len(blocks)]
-            self._inflight.append(self._pool.submit(self._copy_in, transfer.req_id, ids, blocks, failed))
+            self.loads.submit(self._copy_in, transfer.req_id, ids, blocks, failed)
 
     def _block_shape(self) -> tuple[int, ...]:
         """One block of every layer: ``[num_layers, 2, block_size, heads, dim]``."""
@@ -122,28 +117,7 @@ class OffloadWorker:
             logger.exception("offload: loading request %s failed", req_id)
             failed = failed | set(block_ids)
             blocks = []
-        with self._lock:
-            self._finished.add(req_id)
-            self._load_errors |= failed
-            self.num_blocks_loaded += len(blocks)
-            self.num_load_errors += len(failed)
-
-    def take_finished(self) -> set[str]:
-        """Requests whose load has landed since the previous call."""
-        self._inflight = [f for f in self._inflight if not f.done()]
-        with self._lock:
-            finished, self._finished = self._finished, set()
-        return finished
-
-    def take_load_errors(self) -> set[int]:
-        with self._lock:
-            errors, self._load_errors = self._load_errors, set()
-        return errors
-
-    def wait_idle(self) -> None:
-        """Blocks until every started load has landed (tests, shutdown)."""
-        for future in list(self._inflight):
-            future.result()
+        self.loads.finish(req_id, len(blocks), failed)
 
     # ------------------------------------------------------------------ saves
     def save_layer(self, layer_name: str, kv_layer: torch.Tensor, saves: list[BlockTransfer]) -> None:
@@ -215,7 +189,7 @@ class OffloadWorker:
         return changes
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=True)
+        self.loads.shutdown()
         if self.disk is not None:
             self.disk.close()
         self.tier.clear()
