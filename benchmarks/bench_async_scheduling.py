@@ -20,11 +20,11 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_throughput import Workload, make_workload
+import _common as common
+from bench_throughput import make_workload
 
 MODES: dict[str, dict[str, object]] = {
     "sync": {},
@@ -33,54 +33,29 @@ MODES: dict[str, dict[str, object]] = {
 }
 
 
-def run_once(model: str, workload: Workload, args: argparse.Namespace, mode: str) -> tuple[float, list]:
+def run_once(model: str, workload: common.Workload, args: argparse.Namespace, mode: str) -> tuple[float, list]:
     """One engine in ``mode``, one pass over ``workload``: (seconds, generated token ids per request)."""
-    from vllite import LLM, SamplingParams
+    from vllite import LLM
 
-    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for _, n in workload]
-    with LLM(
-        model,
-        dtype=args.dtype,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len,
-        **MODES[mode],  # type: ignore[arg-type]
-    ) as llm:
-        llm.generate([{"prompt_token_ids": [11, 12, 13]}], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
-        start = time.perf_counter()
-        outputs = llm.generate([{"prompt_token_ids": p} for p, _ in workload], params, use_tqdm=False)
-        elapsed = time.perf_counter() - start
+    with LLM(model, **common.engine_kwargs(args), **MODES[mode]) as llm:
+        common.warm_up(llm)
+        elapsed, outputs = common.timed_generate(llm, workload)
     return elapsed, [o.outputs[0].token_ids for o in outputs]
 
 
 def main() -> None:
     """Parses the options, runs the alternating rounds per workload and prints the figures."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=None, help="Model folder (default: the demo model).")
-    parser.add_argument("--model-preset", default=None, help="Build a random-weight model (e.g. 30m).")
+    common.add_model_args(parser, "Build a random-weight model (e.g. 30m).")
     parser.add_argument("--workloads", default="uniform,mixed", help="Comma-separated: uniform, mixed.")
-    parser.add_argument("--num-prompts", type=int, default=64)
-    parser.add_argument("--input-len", type=int, default=64, help="uniform: the longest prompt.")
-    parser.add_argument("--output-len", type=int, default=128, help="uniform: new tokens per prompt.")
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--max-num-seqs", type=int, default=256)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=4096)
-    parser.add_argument("--max-model-len", type=int, default=1024)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--repeats", type=int, default=3, help="Alternating rounds (medians reported).")
+    common.add_workload_args(parser, num_prompts=64, uniform_help=True)
+    common.add_engine_args(parser)
+    common.add_repeat_args(parser, "Alternating rounds (medians reported).")
     args = parser.parse_args()
 
-    from vllite.assets import default_model_path
     from vllite.engine.tokenizer import get_tokenizer
 
-    model = args.model
-    if args.model_preset:
-        import tempfile
-
-        from vllite.testing import make_model
-
-        model = str(make_model(preset=args.model_preset, path=tempfile.mkdtemp(prefix="vllite-bench-")))
-    model = str(model or default_model_path())
+    model = common.resolve_model(args.model, args.model_preset)
     tokenizer = get_tokenizer(model)
     mode = (
         "multiprocess" if os.environ.get("VLLITE_ENABLE_MULTIPROCESSING", "1") not in ("0", "false") else "in-process"

@@ -34,6 +34,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import _common as common
+
 from vllite.policies.fcfs import FCFSScheduler
 from vllite.request import Request
 from vllite.sampling_params import RequestOutputKind, SamplingParams
@@ -182,10 +184,7 @@ def _children() -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=6)
-    parser.add_argument("--requests", type=int, default=48)
-    parser.add_argument("--fault-rate", type=float, default=0.25)
-    parser.add_argument("--seed", type=int, default=0)
+    common.add_plain_args(parser, runs=6, requests=48, fault_rate=0.25, seed=0)
     parser.add_argument("--step-delay", type=float, default=0.01, help="Simulated forward time per step (s).")
     parser.add_argument("--fault-after", type=float, default=0.2, help="Engine kill/stop this long into a run (s).")
     args = parser.parse_args()

@@ -18,6 +18,7 @@ alternating fresh processes, and prints the median tokens/s of each and their ra
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -27,9 +28,11 @@ import sys
 import time
 from collections.abc import Callable
 
+import _common as common
 import torch
 import torch.nn.functional as F
 
+from vllite.kernels import PagedAttentionParams
 from vllite.kernels.cpu_attention import paged_attention_cpu
 from vllite.kernels.cpu_plan import plan_paged_attention_cpu
 from vllite.kernels.reference import paged_attention_ref
@@ -64,16 +67,13 @@ def build(specs: list[tuple[int, int]], device: str, dtype: torch.dtype, seed: i
     q_lens = [q for _, q in specs]
     query = torch.randn(sum(q_lens), NUM_HEADS, HEAD_DIM, generator=g).to(device=device, dtype=dtype)
     qsl = torch.tensor([0, *q_lens]).cumsum(0).to(device=device, dtype=torch.int32)
-    paged = dict(
-        args=(
-            query,
-            k_cache,
-            v_cache,
-            tables.to(device),
-            torch.tensor(seq_lens, dtype=torch.int32, device=device),
-            qsl,
-        ),
-        kwargs=dict(max_query_len=max(q_lens), max_seq_len=max(seq_lens), scale=HEAD_DIM**-0.5),
+    params = PagedAttentionParams(
+        tables.to(device),
+        torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        qsl,
+        max_query_len=max(q_lens),
+        max_seq_len=max(seq_lens),
+        scale=HEAD_DIM**-0.5,
     )
     # Dense peer: one SDPA per group of equal query length, K/V contiguous [S, Hkv, L, D], mask prebuilt.
     peer = []
@@ -91,7 +91,7 @@ def build(specs: list[tuple[int, int]], device: str, dtype: torch.dtype, seed: i
         qpos = (lens - ql)[:, None] + torch.arange(ql)
         mask = (pos[None, None] <= qpos[:, :, None]) & (pos[None, None] < lens[:, None, None])
         peer.append((q, k, v, mask[:, None].to(device)))
-    return dict(paged=paged, peer=peer)
+    return dict(paged=(query, k_cache, v_cache, params), peer=peer)
 
 
 def sdpa_peer(peer: list) -> None:
@@ -117,27 +117,17 @@ def timeit(fn: Callable[[], object], iters: int, cuda: bool) -> float:
 def mixed_workload(num_prompts: int, preset: str | None) -> float:
     """One engine over the mixed-length workload in this process; returns generated tokens/s."""
     import random
-    import tempfile
 
-    from vllite import LLM, SamplingParams
-    from vllite.assets import default_model_path
+    from vllite import LLM
 
-    model = default_model_path()
-    if preset:
-        from vllite.testing import make_model
-
-        model = str(make_model(preset=preset, path=tempfile.mkdtemp(prefix="vllite-bench-")))
-    llm = LLM(model, dtype="float32")
+    llm = LLM(common.resolve_model(None, preset), dtype="float32")
     rng = random.Random(0)
     reqs = [
         ([rng.randint(5, 4000) for _ in range(rng.randint(8, 400))], rng.randint(16, 384)) for _ in range(num_prompts)
     ]
-    llm.generate([{"prompt_token_ids": [11, 12, 13]}], SamplingParams(max_tokens=4), use_tqdm=False)
-    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for _, m in reqs]
-    start = time.perf_counter()
-    outputs = llm.generate([{"prompt_token_ids": p} for p, _ in reqs], params, use_tqdm=False)
-    elapsed = time.perf_counter() - start
-    return sum(len(o.outputs[0].token_ids) for o in outputs) / elapsed
+    common.warm_up(llm)
+    elapsed, _ = common.timed_generate(llm, reqs)
+    return sum(n for _, n in reqs) / elapsed
 
 
 def end_to_end(rounds: int, num_prompts: int, preset: str | None) -> None:
@@ -177,15 +167,15 @@ def main() -> None:
     print(f"{'shape':28} {'fast':>8} {'plan':>7} {'ref':>8} {'sdpa':>8} {'ref/fast':>8} {'fast/sdpa':>9}")
     for name, specs in SHAPES.items():
         case = build(specs, "cpu", torch.float32)
-        p = case["paged"]
-        tables, seq_lens, qsl = p["args"][3:]
+        query, k_cache, v_cache, params = case["paged"]
+        metadata = (params.block_tables, params.seq_lens, params.query_start_loc)
         dims = dict(block_size=BLOCK_SIZE, num_heads=NUM_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM)
-        plan = plan_paged_attention_cpu(tables, seq_lens, qsl, **dims)
-        expect = paged_attention_ref(*p["args"], **p["kwargs"])
-        torch.testing.assert_close(paged_attention_cpu(*p["args"], **p["kwargs"], plan=plan), expect)
-        t_plan = timeit(lambda a=p["args"][3:], d=dims: plan_paged_attention_cpu(*a, **d), ns.iters, False)
-        t_fast = timeit(lambda p=p, x=plan: paged_attention_cpu(*p["args"], **p["kwargs"], plan=x), ns.iters, False)
-        t_ref = timeit(lambda p=p: paged_attention_ref(*p["args"], **p["kwargs"]), ns.iters, False)
+        planned = dataclasses.replace(params, plan=plan_paged_attention_cpu(*metadata, **dims))
+        fast_args, ref_args = (query, k_cache, v_cache, planned), case["paged"]
+        torch.testing.assert_close(paged_attention_cpu(*fast_args), paged_attention_ref(*ref_args))
+        t_plan = timeit(lambda a=metadata, d=dims: plan_paged_attention_cpu(*a, **d), ns.iters, False)
+        t_fast = timeit(lambda a=fast_args: paged_attention_cpu(*a), ns.iters, False)
+        t_ref = timeit(lambda a=ref_args: paged_attention_ref(*a), ns.iters, False)
         t_peer = timeit(lambda c=case: sdpa_peer(c["peer"]), ns.iters, False)
         print(
             f"{name:28} {t_fast:8.2f} {t_plan:7.2f} {t_ref:8.2f} {t_peer:8.2f} {t_ref / t_fast:8.2f} "
@@ -203,8 +193,8 @@ def main() -> None:
         for name, specs in SHAPES.items():
             case = build(specs, "cuda", dtype)
             p = case["paged"]
-            t_tri = timeit(lambda p=p: paged_attention_triton(*p["args"], **p["kwargs"]), 10 * ns.iters, True)
-            t_ref = timeit(lambda p=p: paged_attention_ref(*p["args"], **p["kwargs"]), 10 * ns.iters, True)
+            t_tri = timeit(lambda p=p: paged_attention_triton(*p), 10 * ns.iters, True)
+            t_ref = timeit(lambda p=p: paged_attention_ref(*p), 10 * ns.iters, True)
             t_peer = timeit(lambda c=case: sdpa_peer(c["peer"]), 10 * ns.iters, True)
             ratios = f"{t_ref / t_tri:8.2f} {t_tri / t_peer:8.2f}"
             print(f"{name:28} {t_tri:9.3f} {t_ref:9.3f} {t_peer:9.3f} {ratios}")

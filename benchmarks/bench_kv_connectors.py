@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _common as common
+
 from vllite.config import EngineArgs
 from vllite.engine.llm_engine import LLMEngine
 from vllite.plugin_manager import get_registry
@@ -73,11 +75,7 @@ def ttft(engine: LLMEngine, request_id: str, prompt: list[int]) -> tuple[float, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--prompt-len", type=int, default=1900)
-    parser.add_argument("--max-model-len", type=int, default=2048)
-    parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--seed", type=int, default=0)
+    common.add_plain_args(parser, rounds=3, prompt_len=1900, max_model_len=2048, block_size=16, seed=0)
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="bench-kv-connectors-") as tmp:

@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+import _common as common
+
 HERE = Path(__file__).resolve().parent
 DEFAULT_VLLM_PYTHON = "/tmp/vllm-venv/bin/python"
 # Named vllite configurations (environment of the worker): the default, threads left alone, and the engine in the
@@ -52,9 +54,7 @@ def _vllm_engine(model: str, args: dict):
 
     llm = LLM(
         model,
-        dtype=args["dtype"],
-        max_num_seqs=args["max_num_seqs"],
-        max_num_batched_tokens=args["max_num_batched_tokens"],
+        **common.engine_kwargs(argparse.Namespace(**args)),
         enable_prefix_caching=False,
         gpu_memory_utilization=0.25,  # on CPU: the share of RAM for the KV cache (its default, 0.92, fails to start)
     )
@@ -71,61 +71,32 @@ def _vllm_engine(model: str, args: dict):
 
 
 def worker_main(engine: str) -> None:
-    """Loads one engine, answers ``ready``, then times one round per request line (JSON in, JSON out)."""
+    """Loads one engine, answers ``READY``, then times one round per request line (JSON in, ``ELAPSED s`` out)."""
     setup = json.loads(sys.stdin.readline())
     make = _vllm_engine if engine == "vllm" else _vllite_engine
     run = make(setup["model"], setup["args"])
-    print(json.dumps({"ready": True}), flush=True)
+    print("READY", flush=True)
     for line in sys.stdin:
         job = json.loads(line)
-        elapsed = run(job["prompts"], job["output_len"])
-        print(json.dumps({"elapsed": elapsed}), flush=True)
+        print("ELAPSED", run(job["prompts"], job["output_len"]), flush=True)
 
 
 # ---------------------------------------------------------------------------------------------- driver side
-class Worker:
+class Worker(common.LineChild):
     """One engine in its own process, driven line by line."""
 
     def __init__(self, engine: str, python: str, model: str, args: argparse.Namespace, env: dict[str, str]) -> None:
         self.engine = engine
+        self.name = f"the {engine} worker"
         env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"), **env)
-        self.proc = subprocess.Popen(
-            [python, str(Path(__file__).resolve()), "--worker", engine],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
+        super().__init__([python, str(Path(__file__).resolve()), "--worker", engine], env=env)
         keys = ("dtype", "max_num_seqs", "max_num_batched_tokens", "quiet")
-        self._send({"model": model, "args": {k: getattr(args, k) for k in keys}})
-        self._receive()
-
-    def _send(self, message: dict) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(message) + "\n")
-        self.proc.stdin.flush()
-
-    def _receive(self) -> dict:
-        assert self.proc.stdout is not None
-        while True:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"the {self.engine} worker exited (code {self.proc.wait()})")
-            if line.startswith("{"):
-                return json.loads(line)
+        self.send(json.dumps({"model": model, "args": {k: getattr(args, k) for k in keys}}))
+        self.expect("READY")
 
     def run(self, prompts: list[list[int]], output_len: int) -> float:
-        self._send({"prompts": prompts, "output_len": output_len})
-        return float(self._receive()["elapsed"])
-
-    def close(self) -> None:
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        self.send(json.dumps({"prompts": prompts, "output_len": output_len}))
+        return float(self.expect("ELAPSED"))
 
 
 def start_busy_process(core: int) -> subprocess.Popen:
@@ -175,11 +146,10 @@ def summarize(rates: dict[str, dict[str, list[float]]]) -> dict:
     return summary
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--model", default=None, help="Model folder (default: the demo model).")
-    parser.add_argument("--model-preset", default=None, help="A random-weight model from vllite.testing (e.g. 30m).")
+    common.add_model_args(parser, "A random-weight model from vllite.testing (e.g. 30m).")
     parser.add_argument(
         "--engines", default="vllite,vllm", help=f"Comma-separated: {', '.join(VARIANTS)}, vllm, or --variant names."
     )
@@ -190,18 +160,36 @@ def main() -> None:
         help="NAME:KEY=VALUE,KEY=VALUE: one more vllite configuration, e.g. 'vllite-2t:VLLITE_CPU_NUM_THREADS=2'.",
     )
     parser.add_argument("--vllm-python", default=DEFAULT_VLLM_PYTHON, help="The python that has vLLM installed.")
-    parser.add_argument("--num-prompts", type=int, default=64)
-    parser.add_argument("--input-len", type=int, default=64)
-    parser.add_argument("--output-len", type=int, default=64)
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--max-num-seqs", type=int, default=256)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=4096)
+    common.add_workload_args(parser, num_prompts=64, output_len=64)
+    common.add_engine_args(parser, max_model_len=False)
     parser.add_argument("--busy-cores", default=None, help="Cores for the busy process, e.g. '0,1' (default: all).")
     parser.add_argument("--settle-s", type=float, default=1.0, help="Seconds the neighbour runs before a round.")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quiet", action="store_true", default=True, help=argparse.SUPPRESS)
-    parser.add_argument("--json", default=None, help="Also write the results to this JSON file.")
+    common.add_json_arg(parser)
+    return parser
+
+
+def select_engines(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[list[str], dict]:
+    """The engines of ``--engines`` (vLLM left out where ``--vllm-python`` does not exist) and the vllite
+    configurations, ``--variant``'s added to the named ones."""
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    if "vllm" in engines and not Path(args.vllm_python).exists():
+        print(f"vLLM skipped: {args.vllm_python} does not exist (--vllm-python)")
+        engines.remove("vllm")
+    variants = dict(VARIANTS)
+    for spec in args.variant:
+        name, _, assignments = spec.partition(":")
+        variants[name] = dict(item.split("=", 1) for item in assignments.split(",") if item)
+    unknown = [e for e in engines if e != "vllm" and e not in variants]
+    if unknown:
+        parser.error(f"unknown engine(s) {unknown}; known: {', '.join(variants)}, vllm")
+    return engines, variants
+
+
+def main() -> None:
+    parser = build_parser()
     args = parser.parse_args()
     if args.worker:
         worker_main(args.worker)
@@ -210,32 +198,13 @@ def main() -> None:
     sys.path.insert(0, str(HERE))
     from bench_throughput import make_prompts
 
-    from vllite.assets import default_model_path
     from vllite.engine.tokenizer import get_tokenizer
 
-    model = args.model
-    if args.model_preset:
-        import tempfile
-
-        from vllite.testing import make_model
-
-        model = str(make_model(preset=args.model_preset, path=tempfile.mkdtemp(prefix="vllite-bench-")))
-    model = model or str(default_model_path())
+    model = common.resolve_model(args.model, args.model_preset)
     prompts = make_prompts(get_tokenizer(model), args.num_prompts, args.input_len, args.seed)
     cores = sorted(os.sched_getaffinity(0))
     busy_cores = [int(c) for c in args.busy_cores.split(",")] if args.busy_cores else cores
-    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    if "vllm" in engines and not Path(args.vllm_python).exists():
-        print(f"vLLM skipped: {args.vllm_python} does not exist (--vllm-python)")
-        engines.remove("vllm")
-
-    variants = dict(VARIANTS)
-    for spec in args.variant:
-        name, _, assignments = spec.partition(":")
-        variants[name] = dict(item.split("=", 1) for item in assignments.split(",") if item)
-    unknown = [e for e in engines if e != "vllm" and e not in variants]
-    if unknown:
-        parser.error(f"unknown engine(s) {unknown}; known: {', '.join(variants)}, vllm")
+    engines, variants = select_engines(args, parser)
 
     workers = []
     try:
@@ -257,9 +226,7 @@ def main() -> None:
             f"{engine:16s} quiet {entry['quiet_tokens_per_s']:8.1f} tok/s; kept {kept}; "
             f"worst {entry['kept_worst']:.0%}, mean {entry['kept_mean']:.0%}"
         )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"model": model, "cores": cores, "busy_cores": busy_cores, "engines": summary}, f, indent=2)
+    common.write_json(args.json, {"model": model, "cores": cores, "busy_cores": busy_cores, "engines": summary})
 
 
 if __name__ == "__main__":

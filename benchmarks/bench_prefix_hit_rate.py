@@ -14,19 +14,20 @@ from __future__ import annotations
 import argparse
 import random
 
-from vllite.config import EngineConfig
+import _common as common
+
 from vllite.sched import Scheduler
-from vllite.testing import ScriptedModelRunner, make_request
+from vllite.testing import ScriptedModelRunner, make_config, make_request
 
 
 def make_scheduler(args: argparse.Namespace) -> Scheduler:
-    config = EngineConfig()
-    config.model_config.max_model_len = 1024
-    sched = config.scheduler_config
-    sched.max_num_batched_tokens = args.budget
-    sched.max_num_seqs = args.max_num_seqs
-    config.cache_config.block_size = args.block_size
-    config.cache_config.enable_prefix_caching = True
+    config = make_config(
+        max_num_batched_tokens=args.budget,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=1024,
+        block_size=args.block_size,
+        enable_prefix_caching=True,
+    )
     return Scheduler(config, args.num_blocks, step_observer=None)
 
 
@@ -52,17 +53,9 @@ def run(args: argparse.Namespace) -> tuple[float, int, int]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--requests", type=int, default=400)
-    p.add_argument("--groups", type=int, default=12)
-    p.add_argument("--prefix-blocks", type=int, default=8)
-    p.add_argument("--max-suffix", type=int, default=40)
-    p.add_argument("--max-tokens", type=int, default=24)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--num-blocks", type=int, default=160)
-    p.add_argument("--budget", type=int, default=512)
-    p.add_argument("--max-num-seqs", type=int, default=16)
-    p.add_argument("--arrivals-per-step", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0)
+    common.add_plain_args(p, requests=400, groups=12, prefix_blocks=8, max_suffix=40, max_tokens=24)  # the workload
+    common.add_plain_args(p, block_size=16, num_blocks=160, budget=512, max_num_seqs=16)  # the KV cache and scheduler
+    common.add_plain_args(p, arrivals_per_step=2, seed=0)
     args = p.parse_args()
     hit_rate, preemptions, steps = run(args)
     print(f"prefix-cache hit rate {hit_rate:.4f}  preemptions {preemptions}  steps {steps}")

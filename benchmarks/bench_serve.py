@@ -28,10 +28,12 @@ import sys
 import time
 from pathlib import Path
 
+import _common as common
+
 from vllite.plugins.openai_server.bench import bench_serve, demo_vocab_size
 from vllite.plugins.openai_server.bench_config import ServeBenchConfig
 from vllite.plugins.openai_server.bench_requests import RandomDataset
-from vllite.testing.server import RemoteServer
+from vllite.plugins.openai_server.testing import RemoteServer
 
 
 def load_config(args: argparse.Namespace, base_url: str, model: str | None = None) -> ServeBenchConfig:
@@ -206,10 +208,8 @@ def disagg(args: argparse.Namespace) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("mode", choices=["overhead", "peer", "disagg"])
-    parser.add_argument("--model", default=None, help="Model folder (default: the demo model).")
-    parser.add_argument("--num-prompts", type=int, default=64)
-    parser.add_argument("--input-len", type=int, default=128)
-    parser.add_argument("--output-len", type=int, default=128)
+    common.add_model_args(parser)
+    common.add_workload_args(parser, num_prompts=64, input_len=128)
     parser.add_argument("--range-ratio", type=float, default=0.0, help="Lengths vary by +-this fraction.")
     parser.add_argument("--request-rate", type=float, default=float("inf"))
     parser.add_argument("--vocab-size", type=int, default=None)

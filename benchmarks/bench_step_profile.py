@@ -37,6 +37,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the engine process imports TimedExecutor from here
 
+import _common as common
+
 from vllite.plugins.transformers_executor.executor import DefaultExecutor
 
 RECORDS_ENV = "VLLITE_STEP_PROFILE_FILE"
@@ -114,17 +116,11 @@ def run_mode(mode: str, model: str, args: argparse.Namespace) -> list[dict[str, 
     os.close(fd)
     os.environ[RECORDS_ENV] = records_file
     os.environ["VLLITE_ENABLE_MULTIPROCESSING"] = "1" if mode == "process" else "0"
-    llm = LLM(
-        model,
-        dtype=args.dtype,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        executor="bench_step_profile:TimedExecutor",
-    )
+    llm = LLM(model, **common.engine_kwargs(args), executor="bench_step_profile:TimedExecutor")
     vocab = llm.llm_engine.engine_info.vocab_size
     prompts = [{"prompt_token_ids": p} for p in make_prompts(vocab, args.num_prompts, args.input_len, args.seed)]
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
-    llm.generate([{"prompt_token_ids": [11, 12, 13]}], SamplingParams(max_tokens=4), use_tqdm=False)
+    common.warm_up(llm)
     windows = []
     for i in range(args.repeats):
         llm.reset_prefix_cache()
@@ -152,23 +148,16 @@ def run_mode(mode: str, model: str, args: argparse.Namespace) -> list[dict[str, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=None, help="Model folder (default: the demo model).")
+    common.add_model_args(parser)
     parser.add_argument("--mode", choices=("inprocess", "process", "both"), default="both")
-    parser.add_argument("--num-prompts", type=int, default=256)
-    parser.add_argument("--input-len", type=int, default=64)
-    parser.add_argument("--output-len", type=int, default=128)
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--max-num-seqs", type=int, default=256)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=4096)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--repeats", type=int, default=3)
+    common.add_workload_args(parser)
+    common.add_engine_args(parser, max_model_len=False)
+    common.add_repeat_args(parser)
     parser.add_argument("--cprofile", type=int, default=0, help="Print this many cProfile rows (in-process).")
-    parser.add_argument("--json", default=None, help="Also write the results to this JSON file.")
+    common.add_json_arg(parser)
     args = parser.parse_args()
 
-    from vllite.assets import default_model_path
-
-    model = args.model or default_model_path()
+    model = common.resolve_model(args.model, None)
     modes = ("inprocess", "process") if args.mode == "both" else (args.mode,)
     results: dict[str, Any] = {}
     for mode in modes:
@@ -182,8 +171,7 @@ def main() -> None:
             f"{100 * summary['outside']:5.1f}% of step outside the model "
             f"(median of {len(rounds)}: " + ", ".join(f"{100 * r['outside']:.1f}%" for r in rounds) + ")"
         )
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+    common.write_json(args.json, results)
 
 
 if __name__ == "__main__":

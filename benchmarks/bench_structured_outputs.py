@@ -32,18 +32,19 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NoReturn
 
 os.environ.setdefault("VLLITE_ENABLE_MULTIPROCESSING", "0")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_throughput import VLLM_CHILD_PRELUDE  # noqa: E402  (after the path set-up)
+import _common as common  # noqa: E402  (after the path set-up)
+from bench_throughput import VLLM_CHILD_PRELUDE  # noqa: E402
 
 SCHEMA = {
     "type": "object",
@@ -105,7 +106,7 @@ for line in sys.stdin:
 )
 
 
-class VllmChild:
+class VllmChild(common.LineChild):
     """vLLM's offline ``LLM`` in a child process running ``--vllm-python``; one workload per request."""
 
     def __init__(self, path: str, args: argparse.Namespace) -> None:
@@ -119,22 +120,11 @@ class VllmChild:
         }
         env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
         self.log = None if args.verbose_peers else tempfile.TemporaryFile("w+")  # noqa: SIM115 (kept open while the child runs)
-        self.child = subprocess.Popen(
-            [args.vllm_python, "-c", _VLLM_CHILD, json.dumps(cfg)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.log,
-            text=True,
-            env=env,
-        )
-        self._expect("READY")
+        super().__init__([args.vllm_python, "-c", _VLLM_CHILD, json.dumps(cfg)], stderr=self.log, env=env)
+        self.expect("READY")
 
-    def _expect(self, tag: str) -> str:
-        assert self.child.stdout is not None
-        for line in self.child.stdout:
-            if line.startswith(tag):
-                return line[len(tag) :].strip()
-        code = self.child.wait()
+    def exited(self, tag: str) -> NoReturn:
+        code = self.proc.wait()
         errors = ["see its log (--verbose-peers)"]
         if self.log is not None:
             self.log.seek(0)
@@ -142,20 +132,28 @@ class VllmChild:
         raise RuntimeError(f"vLLM's child exited (code {code}): {errors[-1]}")
 
     def __call__(self, kind: str) -> dict:
-        assert self.child.stdin is not None
-        self.child.stdin.write(json.dumps(kind) + "\n")
-        self.child.stdin.flush()
-        return json.loads(self._expect("RESULT"))
+        self.send(json.dumps(kind))
+        return json.loads(self.expect("RESULT"))
 
-    def close(self) -> None:
-        if self.child.stdin is not None:
-            self.child.stdin.close()
-        try:
-            self.child.wait(60)
-        except subprocess.TimeoutExpired:
-            self.child.kill()
+    def close(self, timeout: float = 60) -> None:
+        super().close(timeout)
         if self.log is not None:
             self.log.close()
+
+
+def start_vllm(path: str, args: argparse.Namespace) -> tuple[VllmChild | None, str | None, dict]:
+    """vLLM's child on ``path``, warmed up, if asked: ``(child, None, its first constrained run)``, or ``(None,
+    why not, {})`` where it could not run."""
+    if not args.vllm_python:
+        return None, None, {}
+    try:
+        vllm = VllmChild(path, args)
+        first = vllm("constrained")  # warm-up; also fixes vLLM's unconstrained lengths
+        vllm("unconstrained")
+        return vllm, None, first
+    except RuntimeError as e:  # e.g. its CPU attention has no kernel for the tiny model's head size (16)
+        print(f"  vLLM skipped: {e}", file=sys.stderr, flush=True)
+        return None, str(e), {}
 
 
 def run(llm, prompts, params) -> tuple[float, list]:
@@ -186,15 +184,7 @@ def bench_model(path: str, args: argparse.Namespace) -> dict:
     plain = [SamplingParams(temperature=1.0, seed=i, max_tokens=n, ignore_eos=True) for i, n in enumerate(lengths)]
     run(llm, prompts, plain)
     tokens = sum(lengths)
-    vllm, vllm_error, vllm_first = None, None, {}
-    if args.vllm_python:
-        try:
-            vllm = VllmChild(path, args)
-            vllm_first = vllm("constrained")  # warm-up; also fixes vLLM's unconstrained lengths
-            vllm("unconstrained")
-        except RuntimeError as e:  # e.g. its CPU attention has no kernel for the tiny model's head size (16)
-            vllm, vllm_error = None, str(e)
-            print(f"  vLLM skipped: {e}", file=sys.stderr, flush=True)
+    vllm, vllm_error, vllm_first = start_vllm(path, args)
     rates: dict[str, list[float]] = {k: [] for k in ("constrained", "unconstrained")}
     rates |= {f"vllm_{k}": [] for k in ("constrained", "unconstrained")} if vllm is not None else {}
     stopped = 0
@@ -228,22 +218,28 @@ def bench_model(path: str, args: argparse.Namespace) -> dict:
     if vllm_error is not None:
         result["vllm"] = vllm_error
     if vllm is not None:
-        vllm_constrained = statistics.median(rates["vllm_constrained"])
-        vllm_plain = statistics.median(rates["vllm_unconstrained"])
-        last = vllm_last["constrained"]
-        result["vllm"] = {
-            "output_tokens": vllm_first["tokens"],
+        result |= vllm_result(rates, vllm_first, vllm_last["constrained"], args.num_requests)
+    return result
+
+
+def vllm_result(rates: dict[str, list[float]], first: dict, last: dict, num_requests: int) -> dict:
+    """vLLM's figures (``first`` and ``last``: its first and last constrained runs) and vllite's rates over its."""
+    vllm_constrained = statistics.median(rates["vllm_constrained"])
+    vllm_plain = statistics.median(rates["vllm_unconstrained"])
+    return {
+        "vllm": {
+            "output_tokens": first["tokens"],
             "constrained_tok_s": round(vllm_constrained, 1),
             "unconstrained_tok_s": round(vllm_plain, 1),
             "overhead": round(vllm_plain / vllm_constrained - 1, 3),
-            "finished_with_stop": f"{last['stopped']}/{args.num_requests}",
-            "strict_json_loads_ok": f"{last['strict_json']}/{args.num_requests}",
-        }
-        result["vllite_over_vllm"] = {
-            "constrained": round(constrained_rate / vllm_constrained, 2),
-            "unconstrained": round(plain_rate / vllm_plain, 2),
-        }
-    return result
+            "finished_with_stop": f"{last['stopped']}/{num_requests}",
+            "strict_json_loads_ok": f"{last['strict_json']}/{num_requests}",
+        },
+        "vllite_over_vllm": {
+            "constrained": round(statistics.median(rates["constrained"]) / vllm_constrained, 2),
+            "unconstrained": round(statistics.median(rates["unconstrained"]) / vllm_plain, 2),
+        },
+    }
 
 
 def validity(path: str, n: int, lax: bool) -> dict:
@@ -253,7 +249,7 @@ def validity(path: str, n: int, lax: bool) -> dict:
     from vllite import LLM, SamplingParams
 
     if lax:
-        import vllite.structured_output.xgrammar_backend as xgrammar_backend
+        import vllite.plugins.structured_outputs.xgrammar_backend as xgrammar_backend
 
         xgrammar_backend.strict_json_ebnf = lambda ebnf: ebnf  # type: ignore[assignment]
     report: dict = {}
@@ -282,8 +278,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--validity", type=int, default=0, help="also check N samples per constraint and backend")
     parser.add_argument("--lax-xgrammar", action="store_true", help="validity without the strict-JSON rewrite")
-    parser.add_argument("--vllm-python", default=None, help="a python with vLLM installed: also run vLLM")
-    parser.add_argument("--verbose-peers", action="store_true", help="show the vLLM child's log")
+    common.add_vllm_args(
+        parser, python_help="a python with vLLM installed: also run vLLM", log_help="show the vLLM child's log"
+    )
     args = parser.parse_args()
 
     from vllite.testing.models import make_model, make_tiny_model_dir_cached

@@ -22,12 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import subprocess
-import sys
 import time
+from functools import partial
+from typing import NoReturn
 
-Workload = list[tuple[list[int], int]]  # (prompt token ids, new tokens) per request
+import _common as common
 
 
 def _token_pool(tokenizer) -> list[int]:
@@ -42,7 +42,7 @@ def make_prompts(tokenizer, num_prompts: int, input_len: int, seed: int) -> list
     return [[rng.choice(ids) for _ in range(rng.randint(input_len // 2, input_len))] for _ in range(num_prompts)]
 
 
-def make_workload(tokenizer, args: argparse.Namespace) -> Workload:
+def make_workload(tokenizer, args: argparse.Namespace) -> common.Workload:
     """The requests of ``--workload``."""
     if args.workload == "uniform":
         return [(p, args.output_len) for p in make_prompts(tokenizer, args.num_prompts, args.input_len, args.seed)]
@@ -57,27 +57,14 @@ class VlliteRunner:
     """One vllite engine, timed over repeated rounds of the same requests."""
 
     def __init__(self, model: str, args: argparse.Namespace) -> None:
-        from vllite import LLM, SamplingParams
+        from vllite import LLM
 
-        self.llm = LLM(
-            model,
-            dtype=args.dtype,
-            max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            max_model_len=getattr(args, "max_model_len", None),
-        )
-        self.llm.generate([{"prompt_token_ids": [11, 12, 13]}], SamplingParams(max_tokens=4), use_tqdm=False)
+        self.llm = LLM(model, **common.engine_kwargs(args))
+        common.warm_up(self.llm)
 
-    def __call__(self, workload: Workload, args: argparse.Namespace) -> float:
-        from vllite import SamplingParams
-
-        params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for _, n in workload]
+    def __call__(self, workload: common.Workload, args: argparse.Namespace) -> float:
         self.llm.reset_prefix_cache()  # every round computes every prompt
-        start = time.perf_counter()
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p, _ in workload], params, use_tqdm=not args.quiet)
-        elapsed = time.perf_counter() - start
-        assert [len(o.outputs[0].token_ids) for o in outputs] == [n for _, n in workload]
-        return elapsed
+        return common.timed_generate(self.llm, workload, use_tqdm=not args.quiet)[0]
 
     def close(self) -> None:
         self.llm.shutdown()
@@ -95,7 +82,7 @@ class HFRunner:
         if args.dtype == "auto" and next(self.hf.parameters()).dtype in (torch.float16, torch.bfloat16):
             self.hf = self.hf.float()  # as vllite does on the CPU
 
-    def __call__(self, workload: Workload, args: argparse.Namespace) -> float:
+    def __call__(self, workload: common.Workload, args: argparse.Namespace) -> float:
         import torch
         from transformers import GenerationConfig
 
@@ -160,87 +147,42 @@ for line in sys.stdin:
 )
 
 
-class VllmRunner:
+class VllmRunner(common.LineChild):
     """vLLM's offline ``LLM`` in a child process running ``--vllm-python``."""
 
     def __init__(self, model: str, args: argparse.Namespace) -> None:
-        cfg = {
-            "model": model,
-            "dtype": args.dtype,
-            "max_num_seqs": args.max_num_seqs,
-            "max_num_batched_tokens": args.max_num_batched_tokens,
-            "max_model_len": args.max_model_len,
-            "kv_fraction": args.vllm_kv_fraction,
-        }
-        self.child = subprocess.Popen(
-            [args.vllm_python, "-c", _VLLM_CHILD, json.dumps(cfg)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=None if args.verbose_peers else subprocess.DEVNULL,
-            text=True,
-        )
-        self._expect("READY")
+        cfg = {"model": model, **common.engine_kwargs(args), "kv_fraction": args.vllm_kv_fraction}
+        command = [args.vllm_python, "-c", _VLLM_CHILD, json.dumps(cfg)]
+        super().__init__(command, stderr=None if args.verbose_peers else subprocess.DEVNULL)
+        self.expect("READY")
 
-    def _expect(self, tag: str) -> str:
-        assert self.child.stdout is not None
-        for line in self.child.stdout:
-            if line.startswith(tag):
-                return line[len(tag) :].strip()
-        raise SystemExit(f"vLLM's child exited (code {self.child.wait()}); rerun with --verbose-peers")
+    def exited(self, tag: str) -> NoReturn:
+        raise SystemExit(f"vLLM's child exited (code {self.proc.wait()}); rerun with --verbose-peers")
 
-    def __call__(self, workload: Workload, args: argparse.Namespace) -> float:
-        assert self.child.stdin is not None
-        self.child.stdin.write(json.dumps(workload) + "\n")
-        self.child.stdin.flush()
-        return float(self._expect("TIME"))
+    def __call__(self, workload: common.Workload, args: argparse.Namespace) -> float:
+        self.send(json.dumps(workload))
+        return float(self.expect("TIME"))
 
-    def close(self) -> None:
-        if self.child.stdin is not None:
-            self.child.stdin.close()
-        try:
-            self.child.wait(60)
-        except subprocess.TimeoutExpired:
-            self.child.kill()
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    common.add_model_args(parser, "Build a random-weight model with vllite.testing (e.g. 30m).")
+    common.add_workload_args(parser, workload="uniform", uniform_help=True)
+    common.add_engine_args(parser)
+    parser.add_argument("--hf-batch-size", type=int, default=64)
+    common.add_repeat_args(parser, "Alternating rounds per engine (medians reported).")
+    parser.add_argument("--skip-hf", action="store_true")
+    common.add_vllm_args(parser, kv_fraction=True)
+    parser.add_argument("--quiet", action="store_true")
+    common.add_json_arg(parser)
+    return parser.parse_args()
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=None, help="Model folder (default: the demo model).")
-    parser.add_argument(
-        "--model-preset", default=None, help="Build a random-weight model with vllite.testing (e.g. 30m)."
-    )
-    parser.add_argument("--workload", choices=["uniform", "mixed"], default="uniform")
-    parser.add_argument("--num-prompts", type=int, default=256)
-    parser.add_argument("--input-len", type=int, default=64, help="uniform: the longest prompt.")
-    parser.add_argument("--output-len", type=int, default=128, help="uniform: new tokens per prompt.")
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--max-num-seqs", type=int, default=256)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=4096)
-    parser.add_argument("--max-model-len", type=int, default=1024)
-    parser.add_argument("--hf-batch-size", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--repeats", type=int, default=3, help="Alternating rounds per engine (medians reported).")
-    parser.add_argument("--skip-hf", action="store_true")
-    parser.add_argument("--vllm-python", default=None, help="A python with vLLM installed: also run vLLM.")
-    parser.add_argument(
-        "--vllm-kv-fraction", type=float, default=0.25, help="vLLM's gpu_memory_utilization: its KV cache's RAM share."
-    )
-    parser.add_argument("--verbose-peers", action="store_true", help="Show the vLLM child's log.")
-    parser.add_argument("--quiet", action="store_true")
-    parser.add_argument("--json", default=None, help="Also write the results to this JSON file.")
-    args = parser.parse_args()
-
-    from vllite.assets import default_model_path
+    args = parse_args()
     from vllite.engine.tokenizer import get_tokenizer
 
-    model = args.model
-    if args.model_preset:
-        import tempfile
-
-        from vllite.testing import make_model
-
-        model = str(make_model(preset=args.model_preset, path=tempfile.mkdtemp(prefix="vllite-bench-")))
-    model = str(model or default_model_path())
+    model = common.resolve_model(args.model, args.model_preset)
     workload = make_workload(get_tokenizer(model), args)
     total = sum(n for _, n in workload)
 
@@ -250,32 +192,19 @@ def main() -> None:
         runners["hf"] = HFRunner(model, args)
     if args.vllm_python:
         runners["vllm"] = VllmRunner(model, args)
-    times: dict[str, list[float]] = {name: [] for name in runners}
     try:
-        for _ in range(args.repeats):
-            for name, runner in runners.items():
-                times[name].append(runner(workload, args))
-                print(f"  {name}: {total / times[name][-1]:.1f} tokens/s", file=sys.stderr, flush=True)
+        rates = common.alternate({name: partial(r, workload, args) for name, r in runners.items()}, args.repeats, total)
     finally:
         for runner in runners.values():
             runner.close()
     for name, label in (("vllite", "vllite"), ("hf", "HF generate"), ("vllm", "vLLM")):
-        if name in times:
-            rates = sorted(total / t for t in times[name])
-            results[f"{name}_tokens_per_s"] = statistics.median(rates)
-            results[f"{name}_tokens_per_s_all"] = rates
-            print(
-                f"{label:12s} {statistics.median(rates):10.1f} generated tokens/s (median of {len(rates)}: "
-                + ", ".join(f"{r:.0f}" for r in rates)
-                + ")"
-            )
+        if name in rates:
+            common.report_rates(results, name, f"{label:12s}", rates[name])
     for peer, label in (("hf", "HF"), ("vllm", "vLLM")):
-        if peer in times:
+        if peer in rates:
             results[f"ratio_vs_{peer}"] = results["vllite_tokens_per_s"] / results[f"{peer}_tokens_per_s"]
             print(f"ratio vllite / {label}: {results[f'ratio_vs_{peer}']:.2f}x")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    common.write_json(args.json, results)
 
 
 if __name__ == "__main__":
