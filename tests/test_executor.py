@@ -364,7 +364,8 @@ def test_transformers_builds_no_attention_mask_for_our_path(
 def test_cuda_executor_matches_hf_and_sizes_kv_from_gpu_memory(model_dirs: dict[str, Path]) -> None:
     path = model_dirs["llama"]
     cfg = dataclasses.replace(
-        make_config(path, num_blocks=None, gpu_memory_utilization=0.05), device_config=DeviceConfig(device="cuda")
+        make_config(path, num_blocks=None, max_num_seqs=32, gpu_memory_utilization=0.05),  # 17 requests run at once
+        device_config=DeviceConfig(device="cuda"),
     )
     ex = DefaultExecutor(cfg)
     num_blocks = ex.initialize_kv_cache().num_blocks

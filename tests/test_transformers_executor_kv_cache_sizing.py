@@ -11,6 +11,7 @@ from vllite.plugins.transformers_executor.kv_cache_sizing import (
     CPU_KVCACHE_SPACE_ENV,
     DEFAULT_CPU_KVCACHE_SPACE_GIB,
     cpu_kvcache_space_bytes,
+    cuda_kvcache_space_bytes,
     determine_num_blocks,
     gpu_kvcache_space_bytes,
     kv_cache_bytes_per_token,
@@ -76,3 +77,14 @@ def test_gpu_space_is_the_share_minus_non_kv_memory() -> None:
     with pytest.raises(ValueError):
         gpu_kvcache_space_bytes(10 * GiB, 1.5, 0)
 
+
+def test_cuda_budget_is_the_engines_share_whatever_other_processes_hold() -> None:
+    total = 80 * GiB
+    # 6 GiB were in use before the engine started (another process, or this one's earlier work): not counted.
+    free_at_start = 74 * GiB
+    free = free_at_start - 2 * GiB  # the engine took 2 GiB (weights, workspaces)
+    assert cuda_kvcache_space_bytes(total, free, free_at_start, GiB, 0.5) == 40 * GiB - 2 * GiB - GiB
+    # Never more than is free, never negative.
+    assert cuda_kvcache_space_bytes(total, 10 * GiB, 12 * GiB, 0, 0.9) == 10 * GiB
+    assert cuda_kvcache_space_bytes(total, free, free_at_start, 10 * GiB, 0.05) == 0
+    assert cuda_kvcache_space_bytes(total, -1, 0, 0, 0.5) == 0

@@ -2,10 +2,11 @@
 
 KV-cache sizing (issue 3's rules): ``num_gpu_blocks_override`` wins; on the CPU the budget is
 ``cache_config.cpu_kvcache_space_gib`` (else ``VLLITE_CPU_KVCACHE_SPACE``, else 4 GiB); on CUDA it is
-``gpu_memory_utilization x total`` minus what is in use after loading and the peak activations of a profiling
-forward pass. One sequence of ``max_model_len`` tokens must fit: when the user gave ``--max-model-len`` a cache
-too small is a ``KVCacheMemoryError`` that says what to change; otherwise the context shrinks to what fits, with
-a warning naming both lengths.
+``gpu_memory_utilization x total`` (this engine's share of the device, as vLLM's flag) minus what the engine took
+since it started (weights, CUDA workspaces) and the peak activations of a profiling forward pass, and never more
+than is free; memory other processes hold is theirs, not this engine's. One sequence of ``max_model_len`` tokens
+must fit: when the user gave ``--max-model-len`` a cache too small is a ``KVCacheMemoryError`` that says what to
+change; otherwise the context shrinks to what fits, with a warning naming both lengths.
 
 Sleep: level 1 moves the weights to the CPU and frees the KV cache; level 2 frees both (weights are reloaded
 from the model folder on wake-up). ``wake_up(["weights"])`` / ``wake_up(["kv_cache"])`` restore one part.
@@ -28,9 +29,10 @@ from vllite.executor import Executor, KVCacheInfo, ModelInfo
 from vllite.kv_connector.base import KVConnectorBase, KVConnectorRole
 from vllite.model_files import load_hf_config
 from vllite.plugins.transformers_executor.kv_cache_sizing import (
+    GiB,
     cpu_kvcache_space_bytes,
+    cuda_kvcache_space_bytes,
     determine_num_blocks,
-    gpu_kvcache_space_bytes,
     kv_cache_bytes_per_token,
 )
 from vllite.plugins.transformers_executor.model_loader import (
@@ -74,6 +76,7 @@ class DefaultExecutor(Executor):
         self.dtype = resolve_dtype(mc.dtype, hf_config, self.device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+            self._cuda_free_at_start = torch.cuda.mem_get_info(self.device)[0]
         model = load_model(str(mc.model), hf_config, self.dtype, self.device, trust_remote_code=mc.trust_remote_code)
         # The model's own limit may later shrink to what the KV cache holds; a length the user asked for may not.
         self._may_shrink_context = mc.max_model_len is None
@@ -189,8 +192,19 @@ class DefaultExecutor(Executor):
         peak_activations = torch.cuda.max_memory_allocated(self.device) - before
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(self.device)
-        in_use = total - free  # weights, CUDA context, other processes
-        return gpu_kvcache_space_bytes(total, cc.gpu_memory_utilization, in_use + peak_activations)
+        start = self._cuda_free_at_start
+        budget = cuda_kvcache_space_bytes(total, free, start, peak_activations, cc.gpu_memory_utilization)
+        logger.info(
+            "CUDA KV-cache budget %.2f GiB: %.0f%% of %.2f GiB, less %.2f GiB taken by the engine and %.2f GiB of "
+            "peak activations (%.2f GiB free)",
+            budget / GiB,
+            cc.gpu_memory_utilization * 100,
+            total / GiB,
+            max(0, start - free) / GiB,
+            peak_activations / GiB,
+            free / GiB,
+        )
+        return budget
 
     # ------------------------------------------------------------------ steps
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:

@@ -60,6 +60,17 @@ def gpu_kvcache_space_bytes(total_memory: int, gpu_memory_utilization: float, no
     return max(0, int(total_memory * gpu_memory_utilization) - non_kv_cache_memory)
 
 
+def cuda_kvcache_space_bytes(
+    total: int, free: int, free_at_start: int, peak_activations: int, gpu_memory_utilization: float
+) -> int:
+    """The KV-cache budget of an engine on a CUDA device: its share, ``gpu_memory_utilization x total``, less what
+    it took since it started (``free_at_start - free``: weights, workspaces) and its profiled peak activations, and
+    never more than is ``free``. Memory other processes held before the engine started is not counted against its
+    share, so two engines can split one device (``0.45`` each)."""
+    taken = max(0, free_at_start - free)
+    return min(max(0, free), gpu_kvcache_space_bytes(total, gpu_memory_utilization, taken + peak_activations))
+
+
 def _knobs(device: str | None) -> str:
     if device == "cpu":
         memory = f"raise --cpu-kvcache-space (or {CPU_KVCACHE_SPACE_ENV}, in GiB)"
