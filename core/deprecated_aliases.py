@@ -54,6 +54,10 @@ MOVED_ATTRIBUTES: dict[str, dict[str, str]] = {
         package: dict.fromkeys(("PriorityRequestQueue", "create_request_queue"), "vllite.policies.priority_queue")
         for package in ("vllite.sched", "vllite.sched.request_queue")
     },
+    "vllite.engine.stats": dict.fromkeys(
+        ("StatLogger", "StatLoggerFactory", "build_stat_loggers", "SpecDecodingStatLogger"),
+        "vllite.plugins.engine_proc.stat_loggers",
+    ),
     "vllite.engine.output_processor": dict.fromkeys(
         ("RequestOutputCollector", "merge_request_outputs"), "vllite.plugins.engine_proc.output_collector"
     ),

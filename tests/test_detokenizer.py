@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tokenizer_support import build_tiny_tokenizer
 
 from vllite.engine.detokenizer import IncrementalDetokenizer, make_decode_fn
-from vllite.engine.tokenizer import build_tiny_tokenizer
 from vllite.protocol import EngineCoreRequest
 from vllite.sampling_params import RequestOutputKind, SamplingParams
 

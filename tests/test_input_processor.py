@@ -6,11 +6,12 @@ import json
 import re
 
 import pytest
+from tokenizer_support import build_tiny_tokenizer
 
 from vllite.config import ModelConfig
 from vllite.engine.frontend import engine_request_id
 from vllite.engine.input_processor import InputProcessor, extract_prompt_text
-from vllite.engine.tokenizer import apply_chat_template, build_tiny_tokenizer, get_tokenizer
+from vllite.engine.tokenizer import apply_chat_template, get_tokenizer
 from vllite.exceptions import ModelLoadError
 from vllite.model_files import load_generation_config
 from vllite.protocol import EngineCoreRequest, EngineInfo

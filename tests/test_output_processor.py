@@ -10,11 +10,11 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tokenizer_support import build_tiny_tokenizer
 
 from vllite.engine.detokenizer import IncrementalDetokenizer, check_stop_strings
 from vllite.engine.output_processor import OutputProcessor
 from vllite.engine.parallel_sampling import ParentRequest
-from vllite.engine.tokenizer import build_tiny_tokenizer
 from vllite.plugins.engine_proc.output_collector import RequestOutputCollector
 from vllite.protocol import EngineCoreOutput, EngineCoreRequest, FinishReason, LogprobsLists, LogprobsTensors
 from vllite.sampling_params import RequestOutputKind, SamplingParams

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from vllite.config import EngineArgs, SpeculativeConfig
-from vllite.engine.stats import SpecDecodingMetrics, SpecDecodingStatLogger
+from vllite.engine.stats import SpecDecodingMetrics
 from vllite.logits_processor import LogitsProcessor
+from vllite.plugins.engine_proc.stat_loggers import SpecDecodingStatLogger
 from vllite.plugins.transformers_executor.sampler import SamplingMetadata
 from vllite.plugins.transformers_executor.spec_decode.decoder import NgramSpecDecoder
 from vllite.plugins.transformers_executor.spec_decode.ngram import NgramProposer, find_ngram_draft

@@ -88,8 +88,8 @@ def test_greedy_equals_hf_in_process(case, arch, k, monkeypatch):
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_greedy_equals_hf_in_the_engine_process(case, k):
     pytest.importorskip("vllite.plugins.engine_proc.client")
-    from vllite.engine.stats import SpecDecodingStatLogger
     from vllite.plugins.engine_proc.async_llm import AsyncLLM
+    from vllite.plugins.engine_proc.stat_loggers import SpecDecodingStatLogger
     from vllite.sampling_params import RequestOutputKind
 
     model_dir, prompts, expected = case

@@ -10,7 +10,8 @@ import pytest
 
 from tests.test_engine_proc import FAKE_EXECUTOR, ensure_engine_proc_plugin, expected_tokens
 from vllite.engine.output_processor import OutputProcessor
-from vllite.engine.stats import FinishedRequestStats, IterationStats, StatLogger
+from vllite.engine.stats import FinishedRequestStats, IterationStats
+from vllite.plugins.engine_proc.stat_loggers import StatLogger
 from vllite.protocol import (
     EngineCoreEvent,
     EngineCoreEventType,

@@ -1,4 +1,5 @@
-"""Engine statistics as the frontend sees them: per request, per batch of outputs, and the logger interface.
+"""Engine statistics as the frontend sees them: per request and per batch of outputs (``AsyncLLM`` hands them to
+its stat loggers, ``vllite.plugins.engine_proc.stat_loggers``).
 
 Two clocks are in play and never mixed in one difference: ``arrival_time`` and ``IterationStats.iteration_timestamp``
 are wall-clock (``time.time()``) readings, so time to first token and end-to-end latency are wall-clock intervals;
@@ -10,11 +11,10 @@ follow vLLM's (``vllm/v1/metrics/stats.py``), so the figures compare.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol, TypeAlias, runtime_checkable
 
-from vllite.protocol import EngineCoreEvent, EngineCoreEventType, EngineInfo, SchedulerStats, SpecDecodingStats
+from vllite import deprecated_aliases
+from vllite.protocol import EngineCoreEvent, EngineCoreEventType, SpecDecodingStats
 
 
 @dataclass
@@ -190,58 +190,9 @@ class SpecDecodingMetrics:
         return [count / self.num_drafts if self.num_drafts else 0.0 for count in self.num_accepted_tokens_per_pos]
 
 
-class SpecDecodingStatLogger:
-    """A ``StatLogger`` that sums each engine's speculative-decoding figures (``metrics[engine_index]``), e.g.
-    ``AsyncLLM(config, stat_loggers=[SpecDecodingStatLogger()])`` with stats on (``disable_log_stats=False``)."""
-
-    def __init__(self) -> None:
-        self.metrics: dict[int, SpecDecodingMetrics] = {}
-
-    def record(
-        self,
-        scheduler_stats: SchedulerStats | None,
-        iteration_stats: IterationStats | None,
-        engine_index: int = 0,
-    ) -> None:
-        """Adds the batch's ``spec_decoding_stats`` (if any) to engine ``engine_index``'s sums."""
-        if scheduler_stats is not None and scheduler_stats.spec_decoding_stats is not None:
-            self.metrics.setdefault(engine_index, SpecDecodingMetrics()).add(scheduler_stats.spec_decoding_stats)
-
-
-@runtime_checkable
-class StatLogger(Protocol):
-    """Receives the engine's figures once per batch of outputs (``AsyncLLM(stat_loggers=[...])``).
-
-    ``scheduler_stats`` is the engine's latest ``SchedulerStats`` when the batch carried one (its prefix-cache
-    and preemption counts are deltas since the previous one), ``iteration_stats`` the batch's figures;
-    ``engine_index`` names the engine that sent them. Called on the event loop: it must be quick and not block.
-    """
-
-    def record(
-        self,
-        scheduler_stats: SchedulerStats | None,
-        iteration_stats: IterationStats | None,
-        engine_index: int = 0,
-    ) -> None: ...
-
-
-#: Builds a ``StatLogger`` once the engine has started and reported its ``EngineInfo`` (limits such as
-#: ``max_model_len`` that a logger may need, e.g. for histogram buckets).
-StatLoggerFactory: TypeAlias = Callable[[EngineInfo], StatLogger]
-
-
-def build_stat_loggers(
-    loggers: Iterable[StatLogger | StatLoggerFactory], engine_info: EngineInfo
-) -> tuple[StatLogger, ...]:
-    """The loggers, each factory (a class too, even one with ``record``) called with ``engine_info``."""
-    built: list[StatLogger] = []
-    for item in loggers:
-        if isinstance(item, StatLogger) and not isinstance(item, type):
-            built.append(item)
-        else:
-            built.append(item(engine_info))
-    return tuple(built)
-
-
 def _interval(start: float | None, end: float | None) -> float:
     return end - start if start is not None and end is not None else 0.0
+
+
+def __getattr__(name: str) -> object:
+    return deprecated_aliases.moved_attribute(__name__, name)  # the stat-logger interface, now AsyncLLM's

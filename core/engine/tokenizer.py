@@ -5,7 +5,7 @@ transformers and tokenizers are imported inside the functions, so importing this
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -88,36 +88,3 @@ def apply_chat_template(
     if isinstance(result, dict) or hasattr(result, "input_ids"):
         result = result["input_ids"]
     return [int(t) for t in result]
-
-
-def build_tiny_tokenizer(
-    corpus: Iterable[str],
-    *,
-    vocab_size: int = 300,
-    chat_template: str | None = None,
-    save_dir: str | Path | None = None,
-) -> AnyTokenizer:
-    """Trains a byte-level BPE tokenizer on ``corpus`` in memory (milliseconds; for tests and the demo model).
-
-    Special tokens: ``<pad>`` (0), ``<s>`` (1, bos), ``</s>`` (2, eos). Byte-level, so every string encodes
-    and multi-byte characters split across tokens. Saved with ``save_pretrained`` when ``save_dir`` is given.
-    """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["<pad>", "<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(list(corpus), trainer)
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
-    if chat_template is not None:
-        hf.chat_template = chat_template
-    if save_dir is not None:
-        hf.save_pretrained(str(save_dir))
-    return hf

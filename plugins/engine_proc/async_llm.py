@@ -10,7 +10,7 @@ data parallel (``data_parallel_size`` > 1) one engine's death ends only the stre
 raise), that iterator alone raises ``RequestProcessingError`` and the request is aborted in the engine; the other
 streams go on.
 
-``stat_loggers`` (``vllite.engine.stats.StatLogger``s, or factories that build one from the ``EngineInfo``, e.g.
+``stat_loggers`` (``stat_loggers.StatLogger``s, or factories that build one from the ``EngineInfo``, e.g.
 the server's Prometheus logger) get each batch's ``SchedulerStats`` and ``IterationStats`` from the output handler;
 giving any turns stats on in the engine. A logger that raises is logged once and skipped for that batch; the
 streams go on.
@@ -30,9 +30,10 @@ from typing import Any
 
 from vllite.config import EngineArgs, EngineConfig
 from vllite.engine.input_processor import PromptType
-from vllite.engine.stats import IterationStats, StatLogger, StatLoggerFactory, build_stat_loggers
+from vllite.engine.stats import IterationStats
 from vllite.exceptions import EngineClientClosedError, EngineDeadError, RequestProcessingError
 from vllite.outputs import RequestOutput
+from vllite.plugins.engine_proc.stat_loggers import StatLogger, StatLoggerFactory, build_stat_loggers
 from vllite.protocol import EngineCoreOutputs
 from vllite.sampling_params import SamplingParams
 
