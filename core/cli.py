@@ -49,6 +49,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"vllite {__version__}")
         return 0
     debug = _pop_debug_flag(argv)
+    end = argv.index("--") if "--" in argv else len(argv)
+    argv[:end] = [_dashed(arg) if arg.startswith("--") else arg for arg in argv[:end]]
     previous = os.environ.get(TRACEBACKS_ENV)
     if debug or previous is None:
         os.environ[TRACEBACKS_ENV] = "1" if debug else "0"  # inherited by the engine process
@@ -76,6 +78,12 @@ def _pop_debug_flag(argv: list[str]) -> bool:
     return found
 
 
+def _dashed(flag: str) -> str:
+    """vLLM's underscore spelling of a flag (``--max_model_len=N``) as the dashed one; a value is left alone."""
+    name, sep, value = flag.partition("=")
+    return name.replace("_", "-") + sep + value
+
+
 def _run(argv: list[str], debug: bool) -> int:
     from vllite.exceptions import VlliteError
 
@@ -86,7 +94,8 @@ def _run(argv: list[str], debug: bool) -> int:
             parser.print_help()
             return 0
         return int(args._run(args) or 0)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C: the command has stopped its engine on the way out
+        print("vllite: interrupted", file=sys.stderr)
         return 130
     except (VlliteError, ValueError) as exc:
         _report(exc, debug)

@@ -26,7 +26,7 @@ from vllite.structured_output.params import StructuredOutputsConfig
 if TYPE_CHECKING:
     from vllite.kv_connector.config import KVTransferConfig
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16", "half", "float")  # half, float: vLLM's float16, float32
 HASH_ALGOS = ("sha256", "fast")
 DP_ROUTINGS = ("load", "prefix")
 # Token budget per step when the user gives none (vLLM's default with chunked prefill).
@@ -100,6 +100,7 @@ class CacheConfig:
     num_gpu_blocks: int | None = None  # the block count allocated (in the engine's copy, see with_limits)
     num_gpu_blocks_override: int | None = None
     gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization_given: bool = False  # set by the user (an executor on the CPU warns that it ignores it)
     cpu_kvcache_space_gib: float | None = None  # default: VLLITE_CPU_KVCACHE_SPACE or 4 GiB
     kv_cache_dtype: str = "auto"
 
@@ -298,7 +299,9 @@ class EngineArgs:
         metadata=_help("Block hash: sha256 (collision-resistant) or fast.", choices=HASH_ALGOS),
     )
     num_gpu_blocks_override: int | None = field(default=None, metadata=_help("Use exactly this many KV blocks."))
-    gpu_memory_utilization: float = field(default=0.9, metadata=_help("Fraction of GPU memory for the engine."))
+    gpu_memory_utilization: float | None = field(
+        default=None, metadata=_help("Fraction of GPU memory for the engine (default 0.9; CUDA only).")
+    )
     cpu_kvcache_space: float | None = field(
         default=None, metadata=_help("KV-cache GiB on the CPU (default: $VLLITE_CPU_KVCACHE_SPACE or 4).")
     )
@@ -444,7 +447,8 @@ class EngineArgs:
                 enable_prefix_caching=self.enable_prefix_caching,
                 prefix_caching_hash_algo=self.prefix_caching_hash_algo,
                 num_gpu_blocks_override=self.num_gpu_blocks_override,
-                gpu_memory_utilization=self.gpu_memory_utilization,
+                gpu_memory_utilization=0.9 if self.gpu_memory_utilization is None else self.gpu_memory_utilization,
+                gpu_memory_utilization_given=self.gpu_memory_utilization is not None,
                 cpu_kvcache_space_gib=cpu_space,
             ),
             scheduler_config=self._scheduler_config(),
@@ -485,7 +489,7 @@ class EngineArgs:
         return ModelConfig(
             model=model,
             tokenizer=self.tokenizer or model,
-            dtype=self.dtype,
+            dtype={"half": "float16", "float": "float32"}.get(self.dtype, self.dtype),
             max_model_len=self.max_model_len,
             seed=self.seed,
             max_logprobs=self.max_logprobs,
@@ -564,7 +568,7 @@ class EngineArgs:
                 _positive(name, getattr(self, name))
         if self.long_prefill_token_threshold < 0:
             raise ValueError(f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}.")
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+        if self.gpu_memory_utilization is not None and not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.")
         if self.scheduler_cls is None:
             # Policies are plugins: any registered scheduler name is a valid --scheduling-policy.
@@ -576,6 +580,11 @@ class EngineArgs:
                     f"scheduling_policy must be a registered scheduler ({', '.join(sorted(policies))}), "
                     f"got {self.scheduling_policy!r}."
                 )
+
+
+def executor_name(executor: str, device: str) -> str:
+    """The executor plugin to run: ``executor``, else the one a ``--device`` other than auto/cpu/cuda names."""
+    return device if executor == "default" and device not in ("auto", "cpu", "cuda") else executor
 
 
 def _positive(name: str, value: int) -> None:

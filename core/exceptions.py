@@ -249,10 +249,11 @@ class BadRequestError(VlliteError, ValueError):
 
 
 class ModelNotFoundError(VlliteError):
-    """The request names a model the server does not serve (HTTP 404)."""
+    """The request names a model the server does not serve (HTTP 404); the message lists ``served``, if given."""
 
-    def __init__(self, name: str) -> None:
-        super().__init__(f"The model `{name}` does not exist.")
+    def __init__(self, name: str, served: tuple[str, ...] = ()) -> None:
+        listed = f" This server serves: {', '.join(served)}." if served else ""
+        super().__init__(f"The model `{name}` does not exist.{listed}")
         self.name = name
 
 

@@ -14,14 +14,23 @@ from typing import Any
 from vllite.exceptions import ModelLoadError
 
 
-def load_hf_config(path: str | None, *, trust_remote_code: bool = False) -> Any:
-    """Reads ``config.json`` of a local model folder; ``ModelLoadError`` if the folder or config is missing."""
+def check_model_folder(path: str | None) -> str:
+    """``path``; ``ModelLoadError`` unless it is a local folder holding a ``config.json``."""
     if not path:
         raise ModelLoadError("No model given: pass a local model folder (config.json + safetensors weights).")
     if not os.path.isdir(path):
-        raise ModelLoadError(f"Model folder {path!r} does not exist (vllite loads local folders only).")
+        raise ModelLoadError(
+            f"Model folder {path!r} does not exist: vllite loads models from local folders only "
+            "(Hugging Face Hub ids are not supported yet)."
+        )
     if not os.path.isfile(os.path.join(path, "config.json")):
-        raise ModelLoadError(f"Model folder {path!r} has no config.json, so it is not a transformers model folder.")
+        raise ModelLoadError(f"There is no config.json in {path!r}: it is not a model folder (config.json + weights).")
+    return path
+
+
+def load_hf_config(path: str | None, *, trust_remote_code: bool = False) -> Any:
+    """Reads ``config.json`` of a local model folder; ``ModelLoadError`` if the folder or config is missing."""
+    path = check_model_folder(path)
     from transformers import AutoConfig
 
     try:

@@ -299,16 +299,22 @@ class PluginManager:
         """A registered component by name, or a class path; a non-string is returned as given."""
         if not isinstance(name_or_path, str):
             return name_or_path
-        registry = self.components(kind)
+        registry = self.check_name(kind, name_or_path)
         if name_or_path in registry:
             return registry[name_or_path].load()
-        if looks_like_class_path(name_or_path):
-            return resolve_class_path(name_or_path)
-        available = ", ".join(sorted(registry)) or "none"
-        raise UnknownComponentError(
-            f"Unknown {kind[:-1].replace('_', ' ')} {name_or_path!r}. Available: {available}"
-            " (or give a class path like 'pkg.mod:Class')."
-        )
+        return resolve_class_path(name_or_path)
+
+    def check_name(self, kind: str, name: str) -> dict[str, Component]:
+        """The components of ``kind``; ``UnknownComponentError`` listing them unless ``name`` is one of them or a
+        class path. Imports nothing: a start-up can check the names it was given before it loads anything."""
+        registry = self.components(kind)
+        if name not in registry and not looks_like_class_path(name):
+            available = ", ".join(sorted(registry)) or "none"
+            raise UnknownComponentError(
+                f"Unknown {kind[:-1].replace('_', ' ')} {name!r}. Available: {available}"
+                " (or give a class path like 'pkg.mod:Class')."
+            )
+        return registry
 
     def hook_caller(self, hook_name: str) -> Callable[..., Any] | None:
         """The hook as a plain callable, or ``None`` when no plugin implements it (so callers can skip all work)."""

@@ -46,11 +46,24 @@ IM_END = "<|im_end|>"
 SPECIAL_TOKENS = [ENDOFTEXT, PAD, IM_START, IM_END]
 
 #: ChatML, the format Qwen and many others use. The bos token starts the conversation; each turn ends with
-#: ``<|im_end|>``, which is also an end-of-sequence token in ``generation_config.json``.
+#: ``<|im_end|>``, which is also an end-of-sequence token in ``generation_config.json``. OpenAI's tool round trip
+#: renders as Qwen's template renders it: an assistant message's ``tool_calls`` (its ``content`` may be null) as
+#: Hermes ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` blocks, a ``tool`` message as a ``tool`` turn.
+#: The tool definitions themselves are not rendered: the model never saw any, and they would only lengthen prompts.
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
     "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['content'] %}{{ message['content'] }}{% endif %}"
+    "{% for call in message['tool_calls'] or [] %}"
+    "{% if message['content'] or not loop.first %}{{ '\n' }}{% endif %}"
+    "{% set function = call['function'] if call['function'] is defined else call %}"
+    "{{ '<tool_call>\n{\"name\": \"' + function['name'] + '\", \"arguments\": ' }}"
+    "{% if function['arguments'] is string %}{{ function['arguments'] }}"
+    "{% else %}{{ function['arguments'] | tojson }}{% endif %}"
+    "{{ '}\n</tool_call>' }}"
+    "{% endfor %}"
+    "{{ '<|im_end|>' + '\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )

@@ -137,3 +137,40 @@ def test_extraction_finds_markers_and_console_commands(tmp_path: Path) -> None:
     assert [(b.lang, b.skip_reason) for b in blocks] == [("bash", "needs a GPU"), ("python", None), ("console", None)]
     assert blocks[1].text == "print('```')\n"
     assert _console_script(blocks[2].text) == "echo a \\\n  b\n"
+
+
+def test_extras_are_installed_from_the_checkout() -> None:
+    """vllite is not on the package index, so an extra comes from the checkout (`pip install ".[ray]"`), never
+    `pip install vllite[ray]`."""
+    for path in DOC_FILES:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            assert not re.search(r"pip install ['\"]?vllite\[", line), f"{path.relative_to(ROOT)}:{number}: {line}"
+    assert 'pip install ".[ray]"' in (ROOT / "docs" / "data-parallel.md").read_text()
+
+
+DP_READY_SCRIPT = """
+import logging
+
+from vllite import LLM
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO)
+    with LLM(data_parallel_size=2, max_model_len=64, executor="vllite.testing.executors:PositionTokenExecutor") as llm:
+        print(len(llm.llm_engine.engine_core.engines), "engines")
+"""
+
+
+@pytest.mark.slow
+def test_the_data_parallel_readiness_check_works_as_documented(tmp_path: Path) -> None:
+    """docs/data-parallel.md: the engines list is the check; the `Engine core ready` lines need INFO logging (the
+    default, WARNING, hides them), and then every engine prints one."""
+    doc = (ROOT / "docs" / "data-parallel.md").read_text()
+    assert "llm.llm_engine.engine_core.engines" in doc
+    assert "`Engine core ready` at INFO level" in doc and "logging.basicConfig(level=logging.INFO)" in doc
+    script = tmp_path / "ready.py"
+    script.write_text(DP_READY_SCRIPT)
+    env = {**os.environ, "VLLITE_ENABLE_MULTIPROCESSING": "1"}
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "2 engines"
+    assert result.stderr.count("Engine core ready") == 2, result.stderr[-3000:]

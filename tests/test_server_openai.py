@@ -346,3 +346,92 @@ def test_api_key_from_the_environment(monkeypatch):
     assert server_settings(parser.parse_args(["--api-key", "flag"]), "m").api_key == "flag"
     with pytest.raises(ValueError, match="--enable-auto-tool-choice needs --tool-call-parser"):
         server_settings(parser.parse_args(["--enable-auto-tool-choice"]), "m")
+
+
+def test_an_unknown_model_is_404_listing_the_served_names(client):
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.completions.create(model="gpt-9", prompt="x", max_tokens=1)
+    assert caught.value.body["message"] == "The model `gpt-9` does not exist. This server serves: demo, other-name."
+    assert caught.value.body["param"] == "model"
+
+
+TOOL_ROUND_TRIP = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": "22 C, sunny"},
+]
+
+
+def test_the_demo_chat_template_renders_the_tool_round_trip(server, client, tokenizer):
+    import urllib.request
+
+    body = json.dumps({"model": MODEL, "messages": TOOL_ROUND_TRIP}).encode()
+    request = urllib.request.Request(server.url + "/tokenize", body, {"Content-Type": "application/json"})
+    rendered = tokenizer.decode(json.load(urllib.request.urlopen(request))["tokens"])
+    assert rendered == (
+        "<|endoftext|><|im_start|>user\nWeather in Paris?<|im_end|>\n"
+        '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+        "<|im_end|>\n<|im_start|>tool\n22 C, sunny<|im_end|>\n<|im_start|>assistant\n"
+    )
+    response = client.chat.completions.create(model=MODEL, messages=TOOL_ROUND_TRIP, tools=TOOLS, max_tokens=4)
+    assert response.choices[0].finish_reason in ("length", "stop", "tool_calls")
+
+
+FILM = {
+    "type": "object",
+    "properties": {"title": {"type": "string", "maxLength": 20}},
+    "required": ["title"],
+    "additionalProperties": False,  # whitespace is then the only thing that can run long
+}
+
+
+def test_response_format_on_the_demo_model_does_not_pad_with_whitespace(client):
+    # The server defaults disable_any_whitespace for the demo model (no --structured-outputs-config here): with
+    # free whitespace between JSON tokens, the demo model pads until max_tokens.
+    response = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "JSON?"}],
+        n=6,
+        seed=1,
+        temperature=1.0,
+        max_tokens=100,
+        response_format={"type": "json_schema", "json_schema": {"name": "film", "schema": FILM}},
+    )
+    for choice in response.choices:
+        assert choice.finish_reason == "stop", choice.message.content
+        assert isinstance(json.loads(choice.message.content)["title"], str)
+
+
+def _abort_count(server) -> float:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(server.url + "/metrics").read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "vllite:request_success_total" and sample.labels["finished_reason"] == "abort":
+                return sample.value
+    raise AssertionError("no vllite:request_success_total{finished_reason='abort'} series")
+
+
+def test_an_aborted_request_counts_in_request_success_abort(server, client):
+    import time
+
+    before = _abort_count(server)
+    stream = client.completions.create(
+        model=MODEL, prompt="def main():", max_tokens=480, stream=True, extra_body={"ignore_eos": True}
+    )
+    next(iter(stream))
+    stream.close()  # the client goes away: the server aborts the request in the engine
+    deadline = time.monotonic() + 20
+    while _abort_count(server) < before + 1:
+        assert time.monotonic() < deadline, "the abort was not counted"
+        time.sleep(0.2)
+    assert _abort_count(server) == before + 1

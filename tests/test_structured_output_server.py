@@ -185,6 +185,7 @@ def test_bad_constraints_are_400_naming_the_problem(server, client):
         status, answer = post(server, "/v1/completions", body)
         assert status == 400, answer
         assert re.search(match, answer["error"]["message"]), answer
+        assert answer["error"]["param"] == "structured_outputs", answer
     status, answer = post(
         server,
         "/v1/chat/completions",
@@ -207,3 +208,24 @@ def test_bad_constraints_are_400_naming_the_problem(server, client):
         model=MODEL, prompt="x", max_tokens=8, extra_body={"structured_outputs": {"choice": ["a", "b"]}}
     )
     assert ok.choices[0].text in ("a", "b")
+
+
+UNSUPPORTED = {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}}
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": UNSUPPORTED}}},
+         "response_format"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": UNSUPPORTED}}],
+          "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": UNSUPPORTED}}],
+          "tool_choice": "required"}, "tools"),
+        ({"structured_outputs": {"regex": "[a-"}}, "structured_outputs"),
+    ],
+    ids=["response_format", "named-tool", "required-tools", "structured_outputs"],
+)  # fmt: skip
+def test_a_constraint_the_backends_refuse_names_its_field(server, fields, param):
+    status, answer = post(server, "/v1/chat/completions", {"model": MODEL, "messages": MESSAGES, **fields})
+    assert status == 400 and answer["error"]["param"] == param, answer

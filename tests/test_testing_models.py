@@ -206,6 +206,9 @@ def test_train_script_tokenizer_only(tiny_corpus: Path, tmp_path: Path) -> None:
     assert "SHOULD_NOT_BE_READ" not in tokenizer.get_vocab()
     assert tokenizer.decode(tokenizer(SAMPLE_TEXT)["input_ids"], skip_special_tokens=True) == SAMPLE_TEXT
     assert not (out / "model.safetensors").exists()
+    # The script writes the chat template the shipped demo model carries.
+    shipped = json.loads((DEMO_MODEL_DIR / "tokenizer_config.json").read_text())["chat_template"]
+    assert json.loads((out / "tokenizer_config.json").read_text())["chat_template"] == shipped
 
 
 @pytest.mark.slow

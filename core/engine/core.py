@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
-from vllite.config import EngineConfig
+from vllite.config import EngineConfig, executor_name
 from vllite.engine.request_checks import check_request
 from vllite.exceptions import VlliteError
 from vllite.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, EngineInfo, FinishReason
@@ -40,10 +40,7 @@ def resolve_executor_class(config: EngineConfig) -> type:
     """The executor plugin for this config: ``config.executor`` by name, else the one named like the device."""
     from vllite.plugin_manager import get_registry, resolve_component
 
-    name = config.executor
-    if name == "default" and config.device_config.device not in ("auto", "cpu", "cuda"):
-        # ``--device sim`` (or any other registered executor name) selects that executor.
-        name = config.device_config.device
+    name = executor_name(config.executor, config.device_config.device)
     if name not in get_registry("executors") and name == "default":
         return resolve_component("executors", "default")
     return resolve_component("executors", name)

@@ -8,6 +8,8 @@ available, in which case the in-process client runs the engine core in the calle
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from abc import ABC, abstractmethod
 from collections import deque
 from concurrent.futures import Future
@@ -110,7 +112,7 @@ class InprocClient(EngineCoreClient):
         self._closed = False
 
     def add_request(self, request: EngineCoreRequest) -> None:
-        self.engine_core.add_request(request)
+        sigint_deferred(self.engine_core.add_request, request)
 
     def get_output(self) -> EngineCoreOutputs:
         if self._stepped_outputs:
@@ -118,7 +120,7 @@ class InprocClient(EngineCoreClient):
         return self._step()
 
     def _step(self) -> EngineCoreOutputs:
-        outputs, _ = self.engine_core.step_fn()
+        outputs, _ = sigint_deferred(self.engine_core.step_fn)  # a Ctrl-C lets the step end: no half-done state
         return (outputs or {}).get(0) or EngineCoreOutputs()
 
     def abort_requests(self, request_ids: list[str]) -> None:
@@ -143,6 +145,22 @@ class InprocClient(EngineCoreClient):
         if not self._closed:
             self._closed = True
             self.engine_core.shutdown()
+
+
+def sigint_deferred(fn: Any, *args: Any) -> Any:
+    """Calls ``fn(*args)``; a Ctrl-C meanwhile raises ``KeyboardInterrupt`` once it returns (a second one at once)."""
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler or (
+        threading.current_thread() is not threading.main_thread()
+    ):
+        return fn(*args)
+    held: list[Any] = []  # the first Ctrl-C is held, and puts the default handler back for a second one
+    signal.signal(signal.SIGINT, lambda signum, _: held.append(signal.signal(signum, signal.default_int_handler)))
+    try:
+        return fn(*args)
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if held:
+            raise KeyboardInterrupt
 
 
 def multiprocessing_enabled() -> bool:

@@ -40,14 +40,21 @@ def load_frontend_parts(config: EngineConfig) -> tuple[Any, list[type]]:
     """The tokenizer and the logits-processor classes, loaded before an engine starts: a broken plugin or a
     model folder without a tokenizer fails here, before a process is spawned."""
     from vllite.engine.tokenizer import get_tokenizer
+    from vllite.exceptions import ModelLoadError
     from vllite.logits_processor import load_logitsprocs_classes
+    from vllite.model_files import check_model_folder
 
     model_config = config.model_config
     if model_config.skip_tokenizer_init:
         return None, load_logitsprocs_classes(config)
     tokenizer_path = model_config.tokenizer or model_config.model
     assert tokenizer_path is not None, "EngineArgs.create_engine_config always sets the model folder"
-    tokenizer = get_tokenizer(tokenizer_path, trust_remote_code=model_config.trust_remote_code)
+    try:
+        tokenizer = get_tokenizer(tokenizer_path, trust_remote_code=model_config.trust_remote_code)
+    except ModelLoadError:
+        if tokenizer_path == model_config.model:  # a missing model, or a folder that is not one, says so
+            check_model_folder(tokenizer_path)
+        raise
     return tokenizer, load_logitsprocs_classes(config)
 
 

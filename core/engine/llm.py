@@ -135,10 +135,10 @@ class LLM:
                     params = params.clone()
                     params.output_kind = RequestOutputKind.FINAL_ONLY
                 request_id = str(next(self._counter))
+                added.append(request_id)  # first: a Ctrl-C inside add_request may leave it half-added
                 self.llm_engine.add_request(request_id, prompt, params, priority=priority[i] if priority else 0)
-                added.append(request_id)
-        except Exception:
-            # One bad prompt fails the call, but leaves nothing half-submitted behind.
+        except BaseException:
+            # One bad prompt (or Ctrl-C) fails the call, but leaves nothing half-submitted behind.
             if added:
                 self.llm_engine.abort_request(added)
             raise

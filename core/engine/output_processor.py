@@ -291,12 +291,15 @@ class OutputProcessor:
         request_id = parent.external_req_id if parent is not None else state.external_req_id
         result.request_outputs.append(state.request_output(request_id, completions, finished=True))
 
-    def abort_requests(self, request_ids: Iterable[str], internal: bool = False) -> list[str]:
+    def abort_requests(
+        self, request_ids: Iterable[str], internal: bool = False, iteration_stats: IterationStats | None = None
+    ) -> list[str]:
         """Drops the requests' state; returns the internal ids to abort in the engine.
 
         An id may be external (all its internal ids, ``n > 1`` children included), internal, or a parent's
         internal id (all its children). With ``internal=True`` ids are looked up as internal ids first.
-        Queued requests get a final ``finish_reason="abort"`` output; others get none.
+        Queued requests get a final ``finish_reason="abort"`` output; others get none. With stats on and
+        ``iteration_stats`` given, each aborted request is recorded there as finished with ``abort``.
         """
         internal_ids: list[str] = []
         for req_id in request_ids:
@@ -310,6 +313,8 @@ class OutputProcessor:
                 output = state.make_request_output([], FinishReason.ABORT, None)
                 if output is not None:
                     state.queue.put(output)
+            if iteration_stats is not None and state.stats is not None:
+                iteration_stats.record_finished(str(FinishReason.ABORT), state.prompt_len, state.stats)
             self._finish_request(state)
             aborted.append(req_id)
         return aborted

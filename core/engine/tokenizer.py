@@ -54,14 +54,17 @@ def get_tokenizer(path: str | Path, *, trust_remote_code: bool = False, **kwargs
 
 
 def load_chat_template(value: str | None) -> str | None:
-    """``--chat-template`` as vLLM takes it: a file holding a Jinja template, or the template itself."""
+    """``--chat-template`` as vLLM takes it: a file holding a Jinja template, or the template itself. A value with
+    none of ``{``, ``}`` or a newline looks like a path: one that cannot be read is a ``ValueError`` naming it."""
     if value is None:
         return None
-    path = Path(value).expanduser()
     try:
-        return path.read_text(encoding="utf-8") if path.is_file() else value
+        return Path(value).expanduser().read_text(encoding="utf-8")
     except OSError as exc:
-        raise ValueError(f"Cannot read the chat template file {value!r}: {exc}") from exc
+        if any(c in value for c in "{}\n"):
+            return value
+        reason = exc.strerror or exc
+        raise ValueError(f"--chat-template {value!r} looks like a file path but cannot be read: {reason}.") from None
 
 
 def apply_chat_template(
@@ -80,7 +83,7 @@ def apply_chat_template(
     if kwargs.get("chat_template") is None and not getattr(tokenizer, "chat_template", None):
         raise ValueError(
             f"The tokenizer {getattr(tokenizer, 'name_or_path', '') or type(tokenizer).__name__!r} has no "
-            "chat template; pass chat_template=... or use a plain text prompt."
+            "chat template; pass chat_template=... (--chat-template on the command line) or use a plain text prompt."
         )
     result = tokenizer.apply_chat_template(
         list(messages), tokenize=True, add_generation_prompt=add_generation_prompt, **kwargs

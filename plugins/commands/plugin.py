@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from vllite.engine.tokenizer import load_chat_template
 from vllite.hookspecs import hookimpl
+from vllite.plugins.commands.engine_flags import add_vllm_only_flags, check_engine_args
 
 
 class PluginsCommand:
@@ -87,13 +89,16 @@ def _add_generation_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=None, help=model_default % "0 (off)" + ".")
     parser.add_argument("--sampling-seed", type=int, default=None, help="Per-request sampling seed.")
     EngineArgs.add_cli_args(parser)
+    add_vllm_only_flags(parser)
 
 
 def _make_llm(args: argparse.Namespace) -> Any:
     from vllite.config import EngineArgs
     from vllite.engine.llm import LLM
 
-    return LLM.from_engine_args(EngineArgs.from_cli_args(args))
+    engine_args = EngineArgs.from_cli_args(args)
+    check_engine_args(engine_args)  # a mistake that needs no model fails in a second, before the engine starts
+    return LLM.from_engine_args(engine_args)
 
 
 # What the CLI does when neither a flag nor the model's generation config says otherwise: greedy, 64 tokens.
@@ -135,25 +140,70 @@ class GenerateCommand:
         _add_generation_arguments(parser)
 
     def run(self, args: argparse.Namespace) -> int:
+        """Prints each completion as soon as it and those before it are done, in prompt order. On Ctrl-C it stops
+        printing and shuts the engine down; ``KeyboardInterrupt`` goes on to the CLI (``vllite: interrupted``,
+        exit code 130)."""
         prompts = args.prompts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
         if not prompts:
             raise ValueError("No prompt given: pass prompts as arguments or on standard input.")
         llm = _make_llm(args)
         failed = 0
+        progress = None
         try:
-            outputs = llm.generate(prompts, _sampling_params(args, llm), use_tqdm=len(prompts) > 1)
-            for output in outputs:
-                print(output.prompt + output.outputs[0].text)
+            params = _sampling_params(args, llm)
+            progress = _progress_bar(len(prompts)) if len(prompts) > 1 else None
+            for output in _completions_in_order(llm.llm_engine, prompts, params, progress):
+                _print_over_progress(output.prompt + output.outputs[0].text, progress)
                 failed += _report_failure(output)
-                if len(outputs) > 1:
-                    print("-" * 40)
+                if len(prompts) > 1:
+                    _print_over_progress("-" * 40, progress)
         finally:
+            if progress is not None:
+                progress.close()
             llm.shutdown()
         return 1 if failed else 0
 
 
+def _progress_bar(total: int) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="Processed prompts", dynamic_ncols=True)
+
+
+def _print_over_progress(text: str, progress: Any) -> None:
+    """Prints (and flushes) ``text`` on standard output without tearing the progress bar on standard error."""
+    if progress is None:
+        print(text, flush=True)
+        return
+    with progress.external_write_mode(file=sys.stdout):
+        print(text, flush=True)
+
+
+def _completions_in_order(engine: Any, prompts: list[str], params: Any, progress: Any) -> Iterator[Any]:
+    """Submits every prompt, then yields the final ``RequestOutput``s in prompt order, each as soon as it and those
+    before it are done (the engine goes on with the rest meanwhile). A Ctrl-C (or any error) comes out of the
+    engine's ``step()``; the caller shuts the engine down, which ends the requests still in flight."""
+    from vllite.sampling_params import RequestOutputKind
+
+    params = params.clone()
+    params.output_kind = RequestOutputKind.FINAL_ONLY
+    request_ids = [str(i) for i in range(len(prompts))]
+    for request_id, prompt in zip(request_ids, prompts):
+        engine.add_request(request_id, prompt, params)
+    finished: dict[str, Any] = {}
+    for request_id in request_ids:
+        while request_id not in finished:
+            for output in engine.step():
+                if output.finished:
+                    finished[output.request_id] = output
+                    if progress is not None:
+                        progress.update(1)
+        yield finished.pop(request_id)
+
+
 class ChatCommand:
-    """``vllite chat``: an interactive chat through the model's chat template."""
+    """``vllite chat``: an interactive chat through the model's chat template. Ctrl-C (at the prompt or during a reply,
+    which is then not printed) ends the chat: the CLI prints ``vllite: interrupted`` and exits with 130."""
 
     help = "Chat with a local model through its chat template (one message per line; empty line or EOF ends)."
 
@@ -186,6 +236,9 @@ class ChatCommand:
                         text = input("> ")
                     except EOFError:
                         break
+                    except KeyboardInterrupt:
+                        print(file=sys.stderr)  # end the prompt's line before `vllite: interrupted`
+                        raise
                 if not text.strip():
                     break
                 messages.append({"role": "user", "content": text})

@@ -179,7 +179,10 @@ class AsyncLLM:
         self._abort_now([request_id] if isinstance(request_id, str) else list(request_id))
 
     def _abort_now(self, request_ids: list[str]) -> None:
-        internal = self.output_processor.abort_requests(request_ids)
+        stats = IterationStats() if self.stat_loggers else None
+        internal = self.output_processor.abort_requests(request_ids, iteration_stats=stats)
+        if stats is not None and stats.finished_requests:  # request_success{finished_reason="abort"} and the rest
+            _record_aborted(self.stat_loggers, stats)
         if internal and not self.errored:
             try:
                 self.engine_core.abort_requests(internal)
@@ -303,6 +306,16 @@ def _fail_requests(output_processor: Any, request_ids: list[str], error: Excepti
         if state is not None and state.queue is not None:
             state.queue.put(error)
     output_processor.abort_requests(request_ids, internal=True)
+
+
+def _record_aborted(stat_loggers: Sequence[StatLogger], iteration_stats: IterationStats) -> None:
+    """Hands the stats of requests the client aborted (no engine output reports them) to every logger; a logger
+    that raises is logged and skipped, and the abort goes on."""
+    for stat_logger in stat_loggers:
+        try:
+            stat_logger.record(None, iteration_stats)
+        except Exception:
+            logger.exception("Stat logger %r failed on aborted requests; the abort goes on", stat_logger)
 
 
 def _record_stats(

@@ -11,10 +11,12 @@ the sockets and their private directory.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import multiprocessing
 import os
+import queue
 import sys
 import threading
 import time
@@ -28,7 +30,7 @@ import msgspec
 import zmq
 
 from vllite.config import EngineConfig
-from vllite.engine.core_client import UTILITY_METHODS, EngineCoreClient
+from vllite.engine.core_client import UTILITY_METHODS, EngineCoreClient, sigint_deferred
 from vllite.exceptions import EngineClientClosedError, EngineClientUsageError, EngineDeadError, EngineStartupError
 from vllite.plugins.engine_proc.serial import MsgpackEncoder
 from vllite.plugins.transformers_executor.cpu_governor import confine_frontend
@@ -37,7 +39,7 @@ from vllite.protocol import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequ
 
 from .client_io import _fail_pending, process_outputs_socket
 from .client_resources import BackgroundResources
-from .spawning import main_module_hidden_from_spawn
+from .spawning import main_module_hidden_from_spawn, sigint_blocked
 from .utils import (
     EndpointFactory,
     EngineErrorCause,
@@ -48,12 +50,14 @@ from .utils import (
     ProcSettings,
     curve_server_keys,
     engine_identity,
+    exit_signal_name,
     make_socket,
 )
 
 logger = logging.getLogger(__name__)
 
 _RECONNECT_GRACE_S = 2.0
+_SIGNAL_CHECK_INTERVAL_S = 0.2  # the longest a Ctrl-C may wait while get_output() blocks
 _PASSED_ENV_PREFIXES = ("VLLITE_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "CUDA_", "TRITON_", "OMP_")
 
 
@@ -135,8 +139,9 @@ class MPClient(EngineCoreClient):
         res.proc = mp.Process(
             target=_engine_entry, name="VLLiteEngineCore", args=entry_args, kwargs=entry_kwargs, daemon=True
         )
-        # The engine process must not re-run the user's script (no __main__ guard needed), see spawning.py.
-        with main_module_hidden_from_spawn((config, executor_class)):
+        # The engine process must not re-run the user's script (no __main__ guard needed), and it leaves a Ctrl-C
+        # to this process, see spawning.py.
+        with main_module_hidden_from_spawn((config, executor_class)), sigint_blocked():
             res.proc.start()
         child_conn.close()
 
@@ -195,18 +200,7 @@ class MPClient(EngineCoreClient):
                     raise EngineStartupError(f"Unexpected engine identity {identity!r} during start-up.")
                 ready = msgspec.msgpack.decode(payload, type=EngineInfo)
             if proc.sentinel in events or not proc.is_alive():
-                proc.join(timeout=1.0)
-                while failure is None and handshake.poll(timeout=200):  # the child's report may trail its exit
-                    failure = _decode_failure(handshake.recv_multipart()[-1])
-                if failure is not None:
-                    raise EngineStartupError(
-                        f"Engine core initialization failed: {failure.describe()} (exit code {proc.exitcode})."
-                    )
-                raise EngineStartupError(
-                    f"Engine core initialization failed (exit code {proc.exitcode}); see the root cause above. "
-                    "If the engine was given a class defined in your script itself, the engine process imports "
-                    'the script: guard its top-level code with `if __name__ == "__main__":`.'
-                )
+                raise _startup_failure(proc, handshake, failure)
         return ready
 
     def _start_output_thread(self) -> None:
@@ -252,9 +246,11 @@ class MPClient(EngineCoreClient):
             if socket is None:
                 raise EngineClientClosedError("The engine client has been shut down.")
             deadline = time.monotonic() + _RECONNECT_GRACE_S
+            # Sent frame by frame: a Ctrl-C in between would leave half a message, which corrupts the next one.
+            send = functools.partial(socket.send_multipart, (self.core_engine, request_type.value, *frames), copy=False)
             while True:
                 try:
-                    socket.send_multipart((self.core_engine, request_type.value, *frames), copy=False)
+                    sigint_deferred(send)
                     return
                 except zmq.ZMQError as exc:  # EHOSTUNREACH: the engine's socket is gone
                     if exc.errno != zmq.EHOSTUNREACH:
@@ -316,6 +312,28 @@ class MPClient(EngineCoreClient):
         return self.resources.engine_dead
 
 
+def _startup_failure(proc: Any, handshake: zmq.Socket, failure: EngineErrorCause | None) -> EngineStartupError:
+    """The error for an engine process that exited during start-up: the cause it reported, else how it ended (a
+    signal: no hint about the script; an exit without a report: the ``__main__`` guard hint)."""
+    proc.join(timeout=1.0)
+    while failure is None and handshake.poll(timeout=200):  # the child's report may trail its exit
+        failure = _decode_failure(handshake.recv_multipart()[-1])
+    if failure is not None:
+        return EngineStartupError(
+            f"Engine core initialization failed: {failure.describe()} (exit code {proc.exitcode})."
+        )
+    signal_name = exit_signal_name(proc.exitcode)
+    if signal_name is not None:
+        return EngineStartupError(
+            f"Engine core initialization failed: the engine process was stopped by {signal_name}."
+        )
+    return EngineStartupError(
+        f"Engine core initialization failed (exit code {proc.exitcode}); see the root cause above. "
+        "If the engine was given a class defined in your script itself, the engine process imports "
+        'the script: guard its top-level code with `if __name__ == "__main__":`.'
+    )
+
+
 def _decode_failure(payload: bytes) -> EngineErrorCause | None:
     try:
         return msgspec.msgpack.decode(payload, type=HandshakeFailure).error
@@ -338,8 +356,6 @@ class SyncMPClient(MPClient):
     """The default engine client of ``LLM``/``LLMEngine``: blocking calls over an output queue."""
 
     def __init__(self, config: EngineConfig, *, log_stats: bool | None = None, executor_class: type | None = None):
-        import queue
-
         self.outputs_queue: queue.Queue[EngineCoreOutputs | BaseException] = queue.Queue()
         super().__init__(config, log_stats=log_stats, executor_class=executor_class)
 
@@ -347,10 +363,18 @@ class SyncMPClient(MPClient):
         return self.outputs_queue.put_nowait
 
     def get_output(self) -> EngineCoreOutputs:
-        """Blocks for the next outputs; raises ``EngineDeadError`` (sticky) once the engine has died."""
+        """Blocks for the next outputs; raises ``EngineDeadError`` (sticky) once the engine has died.
+
+        It waits in slices: Python runs a signal's handler in the main thread only, between bytecodes, and a Ctrl-C
+        that the kernel hands to another thread would otherwise wait for the engine's next output."""
         if self.resources.engine_dead and self.outputs_queue.empty():
             raise self.resources.dead_error()
-        outputs = self.outputs_queue.get()
+        while True:
+            try:
+                outputs = self.outputs_queue.get(timeout=_SIGNAL_CHECK_INTERVAL_S)
+                break
+            except queue.Empty:
+                continue
         if isinstance(outputs, BaseException):
             self.outputs_queue.put_nowait(outputs)  # keep it for every later (or concurrent) caller
             if self.resources.engine_dead:

@@ -23,6 +23,8 @@ from vllite.exceptions import EngineDeadError, UtilityCallError
 from vllite.plugins.engine_proc.serial import MsgpackDecoder
 from vllite.protocol import EngineCoreOutputs
 
+from .utils import exit_signal_name
+
 logger = logging.getLogger(__name__)
 
 
@@ -72,7 +74,7 @@ def process_outputs_socket(
                     )
                 if resources.closed:
                     break
-                raise resources.mark_dead("The engine core process died unexpectedly; see its log above for the cause.")
+                raise resources.mark_dead(_death_message(resources.proc))
     except BaseException as exc:
         if isinstance(exc, EngineDeadError) or resources.engine_dead:
             if not isinstance(exc, EngineDeadError):
@@ -91,6 +93,18 @@ def process_outputs_socket(
         started.set()
         shutdown_socket.close(linger=0)
         out_socket.close(linger=0)
+
+
+def _death_message(proc: Any) -> str:
+    """Why a process that exited without a word is dead: the signal that killed it, else its exit code."""
+    deadline = time.monotonic() + 1.0  # its sentinel fires as it exits, a moment before it can be reaped
+    while getattr(proc, "exitcode", 0) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    exitcode = getattr(proc, "exitcode", None)
+    signal_name = exit_signal_name(exitcode)
+    if signal_name is not None:
+        return f"The engine core process died unexpectedly: it was killed by {signal_name}."
+    return f"The engine core process died unexpectedly (exit code {exitcode}); see its log above for the cause."
 
 
 def _handle_output_frames(

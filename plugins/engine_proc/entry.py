@@ -7,13 +7,18 @@ Plugins are loaded in the child by the plugin manager on first use, from the ``s
 parent passed on, so a scheduler or logits processor from a third-party distribution works across the process
 boundary.
 
-SIGTERM / SIGINT request a shutdown (RUNNING → REQUESTED). The pipe a watcher thread selects on is installed as
-the signal wakeup fd (``signal.set_wakeup_fd``), so CPython's C-level handler writes the signal number to it the
-moment the signal arrives, whichever thread receives it; the watcher then wakes the busy loop (touching
-``queue.Queue`` inside a signal handler could deadlock on its lock). The Python-level handler is not relied on
-for that: it runs only when the main thread next checks for pending signals, and a main thread that goes idle
-in ``input_queue.get()`` around the time the signal arrives can block without running it, which left the engine
-running until the client killed it. If the parent process dies, the same watcher
+SIGTERM requests a shutdown (RUNNING → REQUESTED). SIGINT is ignored: a terminal's Ctrl-C goes to the whole
+foreground process group, and it is the frontend's to handle (the client aborts its requests and the engine serves
+the next call, or the frontend shuts the engine down with SIGTERM). The client starts this process with SIGINT
+blocked (``spawning.sigint_blocked``), so one that comes before ``run_engine_core`` ignores it is held, then
+discarded.
+
+The pipe a watcher thread selects on is installed as the signal wakeup fd (``signal.set_wakeup_fd``), so CPython's
+C-level handler writes the signal number to it the moment the signal arrives, whichever thread receives it; the
+watcher then wakes the busy loop (touching ``queue.Queue`` inside a signal handler could deadlock on its lock). The
+Python-level handler is not relied on for that: it runs only when the main thread next checks for pending signals,
+and a main thread that goes idle in ``input_queue.get()`` around the time the signal arrives can block without
+running it, which left the engine running until the client killed it. If the parent process dies, the same watcher
 requests an immediate shutdown (drain timeout 0).
 """
 
@@ -29,6 +34,7 @@ import threading
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from vllite.config import EngineConfig
+from vllite.logging_utils import tracebacks_enabled
 from vllite.plugins.transformers_executor.cpu_threads import CpuThreadPlan
 
 if TYPE_CHECKING:
@@ -108,15 +114,17 @@ class _Watcher:
         self._thread.start()
 
     def install(self) -> None:
-        """Main thread only: routes SIGTERM/SIGINT to the watcher's pipe at C level, and to ``on_signal``."""
+        """Main thread only: routes SIGTERM to the watcher's pipe at C level, and to ``on_signal``; ignores SIGINT
+        (and discards one held while the process started)."""
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
         signal.signal(signal.SIGTERM, self.on_signal)
-        signal.signal(signal.SIGINT, self.on_signal)
 
     @staticmethod
     def uninstall() -> None:
+        """Back to the default SIGTERM (SIGINT stays ignored while the process exits)."""
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.set_wakeup_fd(-1)
 
     def on_signal(self, signum: int, frame: Any) -> None:
@@ -132,7 +140,7 @@ class _Watcher:
             readable, _, _ = select.select(fds, [], [])
             if self._read_fd in readable:
                 signums = os.read(self._read_fd, 64)  # one byte per signal, written by CPython's C handler
-                if self.engine is not None and any(n in (signal.SIGTERM, signal.SIGINT) for n in signums):
+                if self.engine is not None and signal.SIGTERM in signums:
                     logger.info("Shutdown requested by signal")
                     self.engine.request_shutdown()
             if self._parent_conn is not None and self._parent_conn.fileno() in readable:
@@ -223,9 +231,12 @@ def _report_fatal_error(
     engine_core: EngineCoreProc | None, exc: BaseException, handshake_address: str, curve_server_key: bytes | None
 ) -> None:
     """Logs ``exc`` with its traceback (call it from the ``except`` block) and tells the frontend: a start-up
-    failure on the handshake socket while there is no ``engine_core`` yet, else the engine's death."""
+    failure on the handshake socket while there is no ``engine_core`` yet, else the engine's death. A start-up
+    failure is not logged where tracebacks are off (the CLI without ``--debug``): the frontend prints its cause,
+    and once is enough."""
     if engine_core is None:
-        logger.exception("EngineCore failed to start.")
+        if tracebacks_enabled():
+            logger.exception("EngineCore failed to start.")
         report_startup_failure(handshake_address, exc, curve_server_key=curve_server_key)
     else:
         logger.exception("EngineCore encountered a fatal error.")
@@ -276,7 +287,7 @@ def report_startup_failure(
         socket.send(msgspec.msgpack.encode(status), zmq.NOBLOCK)
         socket.close()
     except Exception:
-        logger.exception("Could not report the start-up failure to the frontend")
+        logger.exception("Could not report the start-up failure (%s: %s) to the frontend", type(exc).__name__, exc)
     finally:
         ctx.term()
 

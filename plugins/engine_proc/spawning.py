@@ -7,11 +7,15 @@ start an engine of its own and fails. The engine process needs nothing from ``__
 to it (a scheduler, executor or logits-processor class defined in the script itself), so ``__main__`` is hidden from
 spawn while the process starts, unless they do; then the old rule applies and the script needs its
 ``if __name__ == "__main__":`` guard.
+
+The engine process also starts with SIGINT blocked (``sigint_blocked``): a terminal's Ctrl-C reaches the whole
+foreground process group, and the engine leaves it to the frontend (``entry.py`` then ignores SIGINT for good).
 """
 
 from __future__ import annotations
 
 import pickle
+import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -46,3 +50,19 @@ def main_module_hidden_from_spawn(payload: object) -> Iterator[bool]:
         main.__spec__ = saved_spec
         if saved_file is not _MISSING:
             main.__file__ = saved_file
+
+
+@contextmanager
+def sigint_blocked() -> Iterator[None]:
+    """Blocks SIGINT in the calling thread (any thread) while the body starts a process, which inherits the mask
+    across ``exec``: a Ctrl-C that comes while the engine process starts up is held there, never raised in the
+    middle of its imports. A SIGINT meant for this process stays pending meanwhile and is delivered afterwards."""
+    from multiprocessing import resource_tracker
+
+    # Spawn starts multiprocessing's resource tracker on first use, and unblocks SIGINT after starting it.
+    resource_tracker.ensure_running()
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

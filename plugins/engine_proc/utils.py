@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import tempfile
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,18 @@ IPC_DIR_PREFIX = "vllite-"
 DEFAULT_READY_TIMEOUT_S = 600.0
 DEFAULT_HANDSHAKE_TIMEOUT_S = 300.0
 DEFAULT_MAX_FRAME_BYTES = 256 * 1024 * 1024
+
+
+def exit_signal_name(exitcode: int | None) -> str | None:
+    """The signal that ended a process (``SIGKILL``), from its exit code: negative (killed by it) or ``128 + n`` (the
+    engine's own exit on it); None when it exited by itself."""
+    if exitcode is None or 0 <= exitcode <= 128:
+        return None
+    number = -exitcode if exitcode < 0 else exitcode - 128
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def engine_identity(engine_index: int = 0) -> bytes:

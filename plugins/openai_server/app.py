@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -49,8 +49,8 @@ def build_app(ctx: ServerContext) -> FastAPI:
 
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
-    async def invalid_request(_: Request, exc: RequestValidationError) -> Response:
-        message, param = describe_validation_error(exc)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> Response:
+        message, param = describe_validation_error(exc, request.headers.get("content-type"))
         return json_response(error_response(400, message, param), 400)
 
     @app.exception_handler(StarletteHTTPException)
@@ -73,8 +73,12 @@ def _add_error_handlers(app: FastAPI) -> None:
         return json_response(body, status)
 
 
-def describe_validation_error(exc: RequestValidationError) -> tuple[str, str | None]:
-    """One message naming every bad field, and the first field's name (OpenAI's ``param``)."""
+def describe_validation_error(exc: RequestValidationError, content_type: str | None = None) -> tuple[str, str | None]:
+    """One message naming every bad field, and the first field's name (OpenAI's ``param``); a body that is not
+    JSON (malformed, or sent without ``Content-Type: application/json``) is one message saying so."""
+    body_error = _body_error(exc.errors(), content_type)
+    if body_error is not None:
+        return body_error, None
     parts, params = [], []
     for error in exc.errors():
         loc = [str(p) for p in error.get("loc", ()) if p != "body"]
@@ -82,8 +86,6 @@ def describe_validation_error(exc: RequestValidationError) -> tuple[str, str | N
         kind = error.get("type", "")
         if kind == "extra_forbidden":
             parts.append(f"Unknown field {field!r}: not an OpenAI or supported vLLM parameter.")
-        elif kind == "json_invalid":
-            parts.append(f"The request body is not valid JSON: {error.get('msg', '')}.")
         elif kind == "missing":
             parts.append(f"Missing required field {field!r}.")
         else:
@@ -95,6 +97,25 @@ def describe_validation_error(exc: RequestValidationError) -> tuple[str, str | N
     unique = list(dict.fromkeys(parts))
     message = " ".join(unique[:4]) + (f" (and {len(unique) - 4} more)" if len(unique) > 4 else "")
     return message, params[0] if params else None
+
+
+def _body_error(errors: Sequence[Any], content_type: str | None) -> str | None:
+    """The message for a body that could not be read as JSON at all, else None."""
+    for error in errors:
+        if error.get("type") == "json_invalid":  # loc: ("body", character offset)
+            loc = error.get("loc", ())
+            where = f" at character {loc[1]}" if len(loc) > 1 else ""
+            reason = (error.get("ctx") or {}).get("error") or error.get("msg", "JSON decode error")
+            return f"The request body is not valid JSON: {reason}{where}."
+    media_type = (content_type or "").split(";")[0].strip().lower()
+    is_json = media_type == "application/json" or media_type.endswith("+json")
+    if not is_json and any(tuple(error.get("loc", ())) == ("body",) for error in errors):
+        # FastAPI reads the body as JSON only under a JSON content type; otherwise it is bytes, "not an object".
+        return (
+            "The request body must be JSON sent with 'Content-Type: application/json' "
+            f"(got Content-Type: {content_type or 'none'})."
+        )
+    return None
 
 
 async def cancel_on_disconnect(request: Request, work: Awaitable[Any]) -> Any:

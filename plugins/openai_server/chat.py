@@ -41,7 +41,7 @@ from vllite.plugins.openai_server.responses import (
     UsageInfo,
     sse,
 )
-from vllite.plugins.openai_server.sampling import build_sampling_params, check_common_fields
+from vllite.plugins.openai_server.sampling import build_sampling_params, check_common_fields, check_max_tokens
 from vllite.plugins.openai_server.streams import Submitted, submit
 from vllite.plugins.openai_server.structured import chat_constraint
 from vllite.plugins.openai_server.tool_choice import ToolMode, resolve_tool_mode
@@ -57,7 +57,7 @@ async def create_chat_completion(
     if request.top_logprobs is not None and not request.logprobs:
         raise BadRequestError("top_logprobs needs logprobs to be true.", param="top_logprobs")
     mode = resolve_tool_mode(ctx, request)
-    constraint = chat_constraint(request)
+    constraint = chat_constraint(request, ctx.structured_outputs_config)
     prompt_ids = render_messages(
         ctx,
         request.messages,
@@ -67,10 +67,18 @@ async def create_chat_completion(
         chat_template=request.chat_template,
         chat_template_kwargs=request.chat_template_kwargs,
     )
-    max_tokens = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
+    max_tokens_field = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
+    max_tokens = getattr(request, max_tokens_field)
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
     params = build_sampling_params(
         request, ctx.model_defaults, max_tokens=max_tokens, logprobs=logprobs, structured_outputs=constraint
+    )
+    check_max_tokens(
+        max_tokens,
+        [len(prompt_ids)],
+        max_model_len=ctx.max_model_len,
+        param=max_tokens_field,
+        truncate_prompt_tokens=request.truncate_prompt_tokens,
     )
     request_id = request.request_id or random_id("chatcmpl-")
     ctx.log_prompt(request_id, prompt_ids, params)

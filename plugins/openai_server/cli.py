@@ -24,6 +24,7 @@ API_KEY_ENV = "VLLITE_API_KEY"
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """``vllite serve``'s flags: vLLM's names, then every engine flag ``vllite generate`` takes."""
     from vllite.config import EngineArgs
+    from vllite.plugins.commands.engine_flags import add_vllm_only_flags
 
     parser.add_argument("model_tag", nargs="?", default=None, help="Model folder (default: the demo model).")
     server = parser.add_argument_group("server")
@@ -55,6 +56,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="Seconds requests in flight may run after SIGINT/SIGTERM before they are aborted (default 10).",
     )
     EngineArgs.add_cli_args(parser)
+    add_vllm_only_flags(parser)
     parser.set_defaults(disable_log_stats=False)  # a server reports metrics unless told not to
 
 
@@ -62,8 +64,6 @@ def server_settings(args: argparse.Namespace, model_path: str) -> ServerSettings
     """The server's settings, checked before any engine starts; ``ValueError`` names the bad flag."""
     from vllite.engine.tokenizer import load_chat_template
 
-    if args.model_tag and args.model and args.model_tag != args.model:
-        raise ValueError(f"Two models given: {args.model_tag!r} and --model {args.model!r}; give one.")
     if args.enable_auto_tool_choice and not args.tool_call_parser:
         raise ValueError("--enable-auto-tool-choice needs --tool-call-parser NAME.")
     if args.tool_call_parser:
@@ -106,12 +106,16 @@ def run_server(args: argparse.Namespace) -> int:
     """Runs ``vllite serve`` until a signal stops it; returns the exit code."""
     from vllite.assets import default_model_path
     from vllite.config import EngineArgs
+    from vllite.plugins.commands.engine_flags import check_engine_args
 
+    if args.model_tag and args.model and args.model_tag != args.model:
+        raise ValueError(f"Two models given: {args.model_tag!r} and --model {args.model!r}; give one.")
     if args.model_tag:
         args.model = args.model_tag
     model_path = str(args.model or default_model_path())
     settings = server_settings(args, model_path if args.model else "vllite-demo")
     engine_args = EngineArgs.from_cli_args(args)
+    check_engine_args(engine_args)  # a mistake that needs no model fails in a second, before the engine starts
     sock = bind_socket(args.host, args.port)
     try:
         engine, metrics = _start_engine(engine_args, settings)
@@ -125,10 +129,29 @@ def run_server(args: argparse.Namespace) -> int:
     return 0
 
 
+def demo_model_defaults(engine_args: Any) -> None:
+    """Serving the demo model, structured outputs default to ``disable_any_whitespace``: a model that small, free to
+    put whitespace between JSON tokens, pads a ``response_format`` reply with it until ``max_tokens``. A
+    ``--structured-outputs-config`` that sets ``disable_any_whitespace`` wins; other models keep vLLM's default."""
+    from pathlib import Path
+
+    from vllite.assets import default_model_path
+
+    demo = Path(default_model_path()).resolve()
+    if engine_args.model is not None and Path(engine_args.model).resolve() != demo:
+        return
+    config = engine_args.structured_outputs_config
+    if config is None:
+        engine_args.structured_outputs_config = {"disable_any_whitespace": True}
+    elif isinstance(config, dict) and "disable_any_whitespace" not in config:
+        engine_args.structured_outputs_config = {**config, "disable_any_whitespace": True}
+
+
 def _start_engine(engine_args: Any, settings: ServerSettings) -> tuple[Any, Any]:
     """The engine, and its Prometheus logger (``None`` with ``--disable-log-stats``)."""
     from vllite.plugins.engine_proc.async_llm import AsyncLLM
 
+    demo_model_defaults(engine_args)
     if engine_args.disable_log_stats:
         return AsyncLLM.from_engine_args(engine_args), None
     from vllite.plugins.openai_server.metrics import PrometheusStatLogger

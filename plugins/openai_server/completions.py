@@ -26,7 +26,7 @@ from vllite.plugins.openai_server.responses import (
     UsageInfo,
     sse,
 )
-from vllite.plugins.openai_server.sampling import build_sampling_params, check_common_fields
+from vllite.plugins.openai_server.sampling import build_sampling_params, check_common_fields, check_max_tokens
 from vllite.plugins.openai_server.streams import Submitted, submit
 from vllite.plugins.openai_server.structured import structured_outputs_field
 
@@ -65,19 +65,44 @@ async def create_completion(
         ctx.model_defaults,
         max_tokens=request.max_tokens,
         logprobs=request.logprobs,
-        structured_outputs=structured_outputs_field(request),
+        structured_outputs=structured_outputs_field(request, ctx.structured_outputs_config),
         prompt_logprobs=request.logprobs if echo_logprobs else None,
     )
     request_id = request.request_id or random_id("cmpl-")
-    if not request.add_special_tokens:
-        prompts = [_encode_plain(ctx, p) if isinstance(p, str) else p for p in prompts]
+    engine_prompts = _engine_prompts(ctx, request, prompts)
+    check_max_tokens(
+        request.max_tokens if "max_tokens" in request.model_fields_set else None,
+        _token_counts(engine_prompts),
+        max_model_len=ctx.max_model_len,
+        param="max_tokens",
+        truncate_prompt_tokens=request.truncate_prompt_tokens,
+    )
     ctx.log_prompt(request_id, prompts, params)
     submitted = await submit(
-        ctx.engine, request_id, prompts, params, priority=request.priority, data_parallel_rank=data_parallel_rank
+        ctx.engine, request_id, engine_prompts, params, priority=request.priority, data_parallel_rank=data_parallel_rank
     )
     if request.stream:
         return EventStream(_stream(ctx, request, submitted, request_id, model), submitted.abort_unfinished)
     return await _collect(ctx, request, submitted, request_id, model)
+
+
+def _engine_prompts(ctx: ServerContext, request: CompletionRequest, prompts: list[str | list[int]]) -> list[Any]:
+    """The prompts as the engine gets them. With ``add_special_tokens=false``, texts become ids without special
+    tokens. With an explicit ``max_tokens``, texts are tokenized here, once (the engine takes the ids, and the text
+    rides along as ``RequestOutput.prompt``), so that the request can be checked against the context."""
+    if not request.add_special_tokens:
+        return [_encode_plain(ctx, p) if isinstance(p, str) else p for p in prompts]
+    if "max_tokens" not in request.model_fields_set or request.max_tokens is None or ctx.tokenizer is None:
+        return list(prompts)
+    return [
+        {"prompt": p, "prompt_token_ids": [int(t) for t in ctx.tokenizer.encode(p)]} if isinstance(p, str) else p
+        for p in prompts
+    ]
+
+
+def _token_counts(prompts: list[Any]) -> list[int]:
+    """The token count of each prompt given as ids (texts the server did not tokenize are not counted)."""
+    return [len(p) if isinstance(p, list) else len(p["prompt_token_ids"]) for p in prompts if not isinstance(p, str)]
 
 
 def _encode_plain(ctx: ServerContext, text: str) -> list[int]:

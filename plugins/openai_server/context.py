@@ -41,6 +41,7 @@ class ServerContext:
         self.max_logprobs = engine.config.model_config.max_logprobs
         self.model_root = engine.config.model_config.model
         self.model_defaults: dict[str, Any] = dict(engine.frontend.default_sampling_fields)
+        self.structured_outputs_config = getattr(engine.config, "structured_outputs_config", None)
         self.tool_parser_class = resolve_tool_parser(settings.tool_call_parser)
 
     @property
@@ -49,18 +50,21 @@ class ServerContext:
         return self.settings.served_model_names[0]
 
     def check_model(self, name: str | None) -> str:
-        """The served name a request asks for (its own, or the default when it names none)."""
+        """The served name a request asks for (its own, or the default when it names none); 404 listing the served
+        names for another."""
         if name is None or name in self.settings.served_model_names:
             return name or self.model_name
-        raise ModelNotFoundError(name)
+        raise ModelNotFoundError(name, self.settings.served_model_names)
 
     def log_prompt(self, request_id: str, prompt: Any, params: Any) -> None:
-        """Logs an accepted request, its prompt cut to ``--max-log-len`` characters / tokens."""
+        """Logs an accepted request, its prompt cut to ``--max-log-len`` characters (a text) or tokens (token ids);
+        ``prompt`` may be one prompt or a list of them (a completion request's), each cut."""
         if not self.settings.log_requests:
             return
         limit = self.settings.max_log_len
         if limit is not None:
-            prompt = prompt[:limit]
+            is_list = isinstance(prompt, list) and not all(isinstance(t, int) for t in prompt)
+            prompt = [p[:limit] for p in prompt] if is_list else prompt[:limit]
         logger.info("Received request %s: prompt: %r, params: %s", request_id, prompt, params)
 
 

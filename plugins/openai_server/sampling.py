@@ -6,6 +6,7 @@ Every rejection is a :class:`BadRequestError` naming the field, so the server an
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from vllite.exceptions import BadRequestError
@@ -107,6 +108,34 @@ def check_common_fields(request: SamplingFields, *, max_logprobs: int) -> None:
         raise BadRequestError("stream_options is only allowed when stream is true.", param="stream_options")
     if request.n < 1:
         raise BadRequestError(f"n must be at least 1, got {request.n}.", param="n")
+
+
+def check_max_tokens(
+    max_tokens: int | None,
+    prompt_lengths: Sequence[int],
+    *,
+    max_model_len: int,
+    param: str,
+    truncate_prompt_tokens: int | None = None,
+) -> None:
+    """400 naming both numbers when the longest prompt and the ``max_tokens`` the request asks for do not fit in the
+    context together (vLLM's check; the engine would otherwise stop at the context's end, a silent clamp).
+
+    ``param`` is the request's field (``max_tokens`` or ``max_completion_tokens``); ``truncate_prompt_tokens`` is
+    applied first, as the engine applies it. A prompt longer than the whole context is left to the engine's own 400.
+    """
+    if max_tokens is None or not prompt_lengths:
+        return
+    keep = max_model_len if truncate_prompt_tokens == -1 else truncate_prompt_tokens
+    longest = max(n if keep is None else min(n, keep) for n in prompt_lengths)
+    if longest > max_model_len or longest + max_tokens <= max_model_len:
+        return
+    raise BadRequestError(
+        f"{param}={max_tokens} is too large: this model's maximum context length is {max_model_len} tokens, and the "
+        f"prompt takes {longest} of them, which leaves {max_model_len - longest} for the completion. Lower {param} "
+        "or shorten the prompt.",
+        param=param,
+    )
 
 
 def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:

@@ -95,13 +95,19 @@ async def submit(
     except BaseException as exc:
         await Submitted(engine, submitted).abort_unfinished()
         if isinstance(exc, (ValueError, TypeError)) and not isinstance(exc, BadRequestError):
-            raise BadRequestError(str(exc), param=_param_of(str(exc))) from None
+            raise BadRequestError(str(exc), param=_param_of(str(exc), data_parallel_rank)) from None
         raise
     return Submitted(engine, submitted)
 
 
-def _param_of(message: str) -> str | None:
+def _param_of(message: str, data_parallel_rank: int | None = None) -> str | None:
+    """The request field an engine-side rejection names: the header or ``vllm_xargs`` for a data-parallel rank
+    out of range, ``prompt`` or ``logprobs`` from the message."""
     lowered = message.lower()
+    if "data_parallel_rank" in lowered:
+        from vllite.plugins.openai_server.app import DP_RANK_HEADER
+
+        return DP_RANK_HEADER if data_parallel_rank is not None else "vllm_xargs"
     if "prompt" in lowered:
         return "prompt"
     if "logprobs" in lowered:

@@ -10,7 +10,8 @@ tool calls, each turned into one :class:`~vllite.structured_output.params.Struct
   that function's schema.
 
 Only one source may constrain a request; a second is a 400 naming both. The constraint itself (a bad schema, regex or
-grammar) is checked by the engine's frontend at submit, which the server answers with 400.
+grammar, a feature no backend supports) is checked with the engine's structured-output config before submitting, so
+that its 400 names the field it came from (``param``: ``structured_outputs``, ``response_format`` or ``tools``).
 """
 
 from __future__ import annotations
@@ -19,14 +20,33 @@ from typing import Any
 
 from vllite.exceptions import BadRequestError
 from vllite.plugins.openai_server.protocol import ChatCompletionRequest, NamedToolChoice, SamplingFields
-from vllite.structured_output.params import StructuredOutputsParams
+from vllite.structured_output.params import StructuredOutputsConfig, StructuredOutputsParams
 
 #: A tool without ``parameters`` takes any JSON object.
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
 
-def structured_outputs_field(request: SamplingFields) -> StructuredOutputsParams | None:
-    """vLLM's ``structured_outputs`` extra field as ``StructuredOutputsParams`` (400 naming the field when bad)."""
+def check_constraint(
+    constraint: StructuredOutputsParams | None, param: str, config: StructuredOutputsConfig | None
+) -> StructuredOutputsParams | None:
+    """``constraint`` once the backends accept it under ``config`` (the engine's); else a 400 whose ``param`` is the
+    request field that gave it. The engine's frontend checks it again at submit, from the backends' cache."""
+    if constraint is None or config is None:
+        return constraint
+    from vllite.structured_output.registry import validate_structured_outputs
+
+    try:
+        validate_structured_outputs(constraint, config)
+    except ValueError as exc:
+        raise BadRequestError(str(exc), param=param) from None
+    return constraint
+
+
+def structured_outputs_field(
+    request: SamplingFields, config: StructuredOutputsConfig | None = None
+) -> StructuredOutputsParams | None:
+    """vLLM's ``structured_outputs`` extra field as ``StructuredOutputsParams`` (400 naming the field when bad;
+    with the engine's ``config``, also when no backend accepts the constraint)."""
     value = request.structured_outputs
     if value is None:
         return None
@@ -38,9 +58,10 @@ def structured_outputs_field(request: SamplingFields) -> StructuredOutputsParams
             param="structured_outputs",
         )
     try:
-        return StructuredOutputsParams(**value)
+        constraint = StructuredOutputsParams(**value)
     except (ValueError, TypeError) as exc:
         raise BadRequestError(str(exc), param="structured_outputs") from None
+    return check_constraint(constraint, "structured_outputs", config)
 
 
 def response_format_constraint(request: ChatCompletionRequest) -> StructuredOutputsParams | None:
@@ -93,9 +114,12 @@ def tool_choice_constraint(request: ChatCompletionRequest) -> StructuredOutputsP
     return StructuredOutputsParams(json=array_schema)
 
 
-def chat_constraint(request: ChatCompletionRequest) -> StructuredOutputsParams | None:
+def chat_constraint(
+    request: ChatCompletionRequest, config: StructuredOutputsConfig | None = None
+) -> StructuredOutputsParams | None:
     """The chat request's one constraint, from ``structured_outputs``, ``response_format`` or a forced tool call;
-    400 naming both when two of them constrain the reply."""
+    400 naming both when two of them constrain the reply. With the engine's ``config``, a constraint no backend
+    accepts is a 400 naming its field (a tool's schema: ``tools``)."""
     sources = [
         ("structured_outputs", structured_outputs_field(request)),
         ("response_format", response_format_constraint(request)),
@@ -106,4 +130,7 @@ def chat_constraint(request: ChatCompletionRequest) -> StructuredOutputsParams |
         raise BadRequestError(
             f"{given[0][0]} and {given[1][0]} both constrain the reply; give only one.", param=given[1][0]
         )
-    return given[0][1] if given else None
+    if not given:
+        return None
+    name, constraint = given[0]
+    return check_constraint(constraint, "tools" if name == "tool_choice" else name, config)

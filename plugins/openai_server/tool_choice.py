@@ -162,8 +162,9 @@ def resolve_tool_mode(ctx: ServerContext, request: ChatCompletionRequest) -> Too
     parser = ctx.tool_parser_class
     if choice == "auto" and (parser is None or not ctx.settings.enable_auto_tool_choice):
         raise BadRequestError(
-            '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set '
-            "(tool_choice defaults to auto when tools are given).",
+            '"auto" tool choice needs a tool-call parser: start the server with --tool-call-parser NAME (hermes, '
+            'llama, openai, bash, auto, ...). tool_choice defaults to "auto" when tools are given; send "none" to '
+            "get plain text, or name a function to force its call.",
             param="tool_choice",
         )
     assert parser is not None

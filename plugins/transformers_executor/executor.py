@@ -60,6 +60,15 @@ def resolve_device(device_type: str) -> torch.device:
     return device
 
 
+def _warn_gpu_memory_utilization_ignored(data_parallel_rank: int) -> None:
+    """Says once per run (data-parallel engine 0 speaks for all) that the CPU sizes its KV cache otherwise."""
+    if data_parallel_rank == 0:
+        logger.warning(
+            "--gpu-memory-utilization is ignored on the CPU: the KV cache takes --cpu-kvcache-space GiB "
+            "(default: $VLLITE_CPU_KVCACHE_SPACE or 4)."
+        )
+
+
 class DefaultExecutor(Executor):
     """Loads the model folder with transformers and runs it through vllite's paged attention."""
 
@@ -69,6 +78,8 @@ class DefaultExecutor(Executor):
     def _init_executor(self) -> ModelInfo:
         mc = self.config.model_config
         self.device = resolve_device(self.device_override or self.config.device_config.device_type)
+        if self.device.type == "cpu" and self.config.cache_config.gpu_memory_utilization_given:
+            _warn_gpu_memory_utilization_ignored(self.config.parallel_config.data_parallel_rank)
         hf_config = mc.hf_config or load_hf_config(mc.model, trust_remote_code=mc.trust_remote_code)
         self.hf_config = hf_config
         self.spec = model_spec(hf_config)
