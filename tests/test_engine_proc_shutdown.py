@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import time
 
@@ -120,3 +121,32 @@ def test_semaphore_created_in_the_engine_is_unlinked_on_exit(tmp_path):
     assert client.resources.proc.exitcode == 0
     assert elapsed < FAST_SHUTDOWN_S
     assert not os.path.exists(path), "the engine process left its semaphore for the resource tracker"
+
+
+def _exit_with(code: int) -> None:
+    os._exit(code)
+
+
+@pytest.mark.parametrize("how", ["exit 3", "SIGKILL"])
+def test_peek_exit_code_reads_the_status_and_leaves_the_reaping_to_the_owner(how):
+    """Regression: the client's output thread reaped an exited engine with ``proc.exitcode`` while the owner was in
+    ``join``, which then returned with no exit code (``test_shutdown_after_signal...`` failed one run in five)."""
+    from vllite.plugins.engine_proc.utils import peek_exit_code
+
+    ctx = multiprocessing.get_context("spawn")
+    proc = ctx.Process(target=_exit_with if how == "exit 3" else time.sleep, args=(3,) if how == "exit 3" else (60,))
+    proc.start()
+    if how == "SIGKILL":
+        assert peek_exit_code(proc) is None
+        proc.kill()
+    multiprocessing.connection.wait([proc.sentinel], timeout=30)
+    expected = 3 if how == "exit 3" else -9
+    deadline = time.monotonic() + 10
+    while (code := peek_exit_code(proc)) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert code == expected
+    assert proc._popen.returncode is None  # nothing reaped it: the child is still waitable
+    assert os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    proc.join(timeout=10)
+    assert proc.exitcode == expected  # the owner's join gets the code
+    assert peek_exit_code(proc) == expected  # and afterwards the Popen's record answers

@@ -52,6 +52,7 @@ from .utils import (
     engine_identity,
     exit_signal_name,
     make_socket,
+    peek_exit_code,
 )
 
 logger = logging.getLogger(__name__)
@@ -199,7 +200,7 @@ class MPClient(EngineCoreClient):
                 if identity != self.core_engine:
                     raise EngineStartupError(f"Unexpected engine identity {identity!r} during start-up.")
                 ready = msgspec.msgpack.decode(payload, type=EngineInfo)
-            if proc.sentinel in events or not proc.is_alive():
+            if proc.sentinel in events or peek_exit_code(proc) is not None:
                 raise _startup_failure(proc, handshake, failure)
         return ready
 
@@ -256,7 +257,8 @@ class MPClient(EngineCoreClient):
                     if exc.errno != zmq.EHOSTUNREACH:
                         raise
                     # The engine drops its connection on an oversized frame (MAXMSGSIZE) and reconnects at once.
-                    if time.monotonic() > deadline or self.resources.engine_dead or not self.resources.proc.is_alive():
+                    exited = peek_exit_code(self.resources.proc) is not None
+                    if time.monotonic() > deadline or self.resources.engine_dead or exited:
                         raise EngineDeadError(f"The engine core is unreachable: {exc}") from None
                 time.sleep(0.005)
 

@@ -23,7 +23,7 @@ from vllite.exceptions import EngineDeadError, UtilityCallError
 from vllite.plugins.engine_proc.serial import MsgpackDecoder
 from vllite.protocol import EngineCoreOutputs
 
-from .utils import exit_signal_name
+from .utils import exit_signal_name, peek_exit_code
 
 logger = logging.getLogger(__name__)
 
@@ -98,9 +98,10 @@ def process_outputs_socket(
 def _death_message(proc: Any) -> str:
     """Why a process that exited without a word is dead: the signal that killed it, else its exit code."""
     deadline = time.monotonic() + 1.0  # its sentinel fires as it exits, a moment before it can be reaped
-    while getattr(proc, "exitcode", 0) is None and time.monotonic() < deadline:
+    exitcode = peek_exit_code(proc)  # never reaps: that is the owner's join, on another thread
+    while exitcode is None and time.monotonic() < deadline:
         time.sleep(0.01)
-    exitcode = getattr(proc, "exitcode", None)
+        exitcode = peek_exit_code(proc)
     signal_name = exit_signal_name(exitcode)
     if signal_name is not None:
         return f"The engine core process died unexpectedly: it was killed by {signal_name}."

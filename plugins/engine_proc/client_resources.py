@@ -17,7 +17,7 @@ import zmq
 
 from vllite.exceptions import EngineDeadError
 
-from .utils import ENGINE_CORE_DEAD, ENGINE_CORE_HEARTBEAT, EndpointFactory, EngineErrorCause
+from .utils import ENGINE_CORE_DEAD, ENGINE_CORE_HEARTBEAT, EndpointFactory, EngineErrorCause, peek_exit_code
 
 logger = logging.getLogger(__name__)
 
@@ -125,5 +125,5 @@ class BackgroundResources:
     def kill_hung_process(self) -> None:
         """Kills an unresponsive engine process (SIGKILL also ends a stopped one); the sockets stay for cleanup."""
         proc = self.proc
-        if proc is not None and proc.is_alive():
+        if proc is not None and peek_exit_code(proc) is None:
             proc.kill()

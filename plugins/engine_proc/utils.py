@@ -47,6 +47,25 @@ def exit_signal_name(exitcode: int | None) -> str | None:
         return f"signal {number}"
 
 
+def peek_exit_code(proc: Any) -> int | None:
+    """``proc.exitcode`` (negative: killed by that signal; ``None``: still running), read without reaping the child.
+
+    Only its owner reaps the engine process (``join`` in ``BackgroundResources``): ``multiprocessing.Process`` is
+    not thread-safe, and when a second thread's ``is_alive()`` or ``exitcode`` reaps the child first, the owner's
+    ``join`` returns with no exit code at all. ``waitid`` with ``WNOWAIT`` reads the status and leaves the child
+    waitable. A process handle without a pid (a Ray actor's) reports its own ``exitcode``."""
+    pid = getattr(proc, "pid", None)
+    if not isinstance(pid, int) or getattr(proc, "_popen", None) is None:
+        return getattr(proc, "exitcode", None)
+    try:
+        status = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # already reaped: by its owner, whose Popen keeps the code
+        return proc.exitcode
+    if status is None:
+        return None
+    return -status.si_status if status.si_code in (os.CLD_KILLED, os.CLD_DUMPED) else status.si_status
+
+
 def engine_identity(engine_index: int = 0) -> bytes:
     """The DEALER identity of an engine: its index as 2 little-endian bytes (engine 0 is ``b"\\x00\\x00"``)."""
     return engine_index.to_bytes(2, "little")
