@@ -10,8 +10,8 @@ prefills use ``is_causal`` and no mask; the rest use the plan's additive mask (l
 query, sliding window). A ``softcap`` (which SDPA cannot apply) takes an explicit float32 matmul-softmax-matmul
 per bucket instead. The outputs go back to the packed token order with one ``index_select`` into ``out``.
 
-A pure decode batch (one query token per sequence, float32, no window or softcap) skips all that: the compiled
-kernel of :mod:`vllite.kernels.cpu_decode` reads the cache through the block tables in place.
+A pure decode batch (one query token per sequence, a float32 or bfloat16 cache, no window or softcap) skips all that:
+the compiled kernel of :mod:`vllite.kernels.cpu_decode` reads the cache through the block tables in place.
 
 :func:`~vllite.kernels.reference.paged_attention_ref` is the reference this path is tested against.
 """

@@ -5,7 +5,7 @@
 // items (whole sequences, or one KV head each when there are few sequences) are handed out longest first from a
 // shared counter so mixed lengths keep every thread busy to the end. Where the CPU has AVX-512 and the head size is a
 // multiple of 16 up to 128, scores come sixteen tokens at a time from one transposing reduction and each head's
-// output accumulates in registers.
+// output accumulates in registers. The cache is float32 or bfloat16 (T); queries, scores and sums are float32.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
@@ -14,19 +14,19 @@
 #include <numeric>
 #include <vector>
 
-// A dot product over D floats; D_ > 0 fixes the length at compile time so the loop unrolls into whole vectors.
-template <int D_>
-static inline float dot(const float* a, const float* b, int64_t d_rt) {
+// A dot product over D elements; D_ > 0 fixes the length at compile time so the loop unrolls into whole vectors.
+template <int D_, typename T>
+static inline float dot(const float* a, const T* b, int64_t d_rt) {
   const int64_t D = D_ > 0 ? D_ : d_rt;
   float sum = 0.f;
-  for (int64_t d = 0; d < D; ++d) sum += a[d] * b[d];
+  for (int64_t d = 0; d < D; ++d) sum += a[d] * static_cast<float>(b[d]);
   return sum;
 }
 
-template <int D_>
-static inline void axpy(float* acc, float p, const float* x, int64_t d_rt) {
+template <int D_, typename T>
+static inline void axpy(float* acc, float p, const T* x, int64_t d_rt) {
   const int64_t D = D_ > 0 ? D_ : d_rt;
-  for (int64_t d = 0; d < D; ++d) acc[d] += p * x[d];
+  for (int64_t d = 0; d < D; ++d) acc[d] += p * static_cast<float>(x[d]);
 }
 
 // Softmax in place over each of `heads` rows of L scores.
@@ -47,19 +47,20 @@ static void softmax_rows(float* scores, int64_t heads, int64_t L) {
 
 // Prefetches the used rows of block b (of nblocks) of a cache into L2. Into L1 the prefetches would wait on its
 // few miss buffers (1.65x slower single-threaded on scattered 6 KiB blocks).
-static inline void prefetch_block(const float* cache, const int32_t* blocks, int64_t b, int64_t nblocks, int64_t BS,
+template <typename T>
+static inline void prefetch_block(const T* cache, const int32_t* blocks, int64_t b, int64_t nblocks, int64_t BS,
                                   int64_t row, int64_t L) {
   if (b >= nblocks) return;
   const char* start = reinterpret_cast<const char*>(cache + static_cast<int64_t>(blocks[b]) * BS * row);
-  const int64_t bytes = std::min(BS, L - b * BS) * row * static_cast<int64_t>(sizeof(float));
+  const int64_t bytes = std::min(BS, L - b * BS) * row * static_cast<int64_t>(sizeof(T));
   for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(start + off, 0, 2);
 }
 
 // Attention of one sequence's query heads of KV heads [h0, h1) over its first L cached tokens. Tokens are visited
 // block by block and, within a block, row by row: a row holds every KV head of one token, so the reads run through
 // each block front to back (what the hardware prefetcher follows) and the next block is prefetched meanwhile.
-template <int D_>
-static void attend(const float* q, float* o, const float* kp, const float* vp, const int32_t* blocks, int64_t L,
+template <int D_, typename T>
+static void attend(const float* q, float* o, const T* kp, const T* vp, const int32_t* blocks, int64_t L,
                    int64_t BS, int64_t Hkv, int64_t G, int64_t h0, int64_t h1, int64_t d_rt, float scale,
                    std::vector<float>& scores, std::vector<float>& acc) {
   const int64_t D = D_ > 0 ? D_ : d_rt, row = Hkv * D, heads = (h1 - h0) * G;
@@ -69,13 +70,13 @@ static void attend(const float* q, float* o, const float* kp, const float* vp, c
   scores.resize(heads * L);  // scores[head * L + t]
   const int64_t nblocks = (L + BS - 1) / BS;
   for (int64_t b = 0; b < nblocks; ++b) {
-    const float* kb = kp + static_cast<int64_t>(blocks[b]) * BS * row;
+    const T* kb = kp + static_cast<int64_t>(blocks[b]) * BS * row;
     const int64_t t0 = b * BS, nt = std::min(BS, L - t0);
     prefetch_block(kp, blocks, b + 1, nblocks, BS, row, L);
     for (int64_t i = 0; i < nt; ++i) {
-      const float* kr = kb + i * row;
+      const T* kr = kb + i * row;
       for (int64_t h = h0; h < h1; ++h) {
-        const float* k = kr + h * D;
+        const T* k = kr + h * D;
         for (int64_t g = 0; g < G; ++g) {
           const int64_t head = (h - h0) * G + g;
           scores[head * L + t0 + i] = dot<D_>(qh + head * D, k, D) * scale;
@@ -86,11 +87,11 @@ static void attend(const float* q, float* o, const float* kp, const float* vp, c
   softmax_rows(scores.data(), heads, L);
   acc.assign(heads * D, 0.f);
   for (int64_t b = 0; b < nblocks; ++b) {
-    const float* vb = vp + static_cast<int64_t>(blocks[b]) * BS * row;
+    const T* vb = vp + static_cast<int64_t>(blocks[b]) * BS * row;
     const int64_t t0 = b * BS, nt = std::min(BS, L - t0);
     prefetch_block(vp, blocks, b + 1, nblocks, BS, row, L);
     for (int64_t i = 0; i < nt; ++i) {
-      const float* vr = vb + i * row;
+      const T* vr = vb + i * row;
       for (int64_t h = h0; h < h1; ++h) {
         for (int64_t g = 0; g < G; ++g) {
           const int64_t head = (h - h0) * G + g;
@@ -119,9 +120,16 @@ static inline __m512 sum_rows16(__m512* v) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(z01, z23, 0x88), _mm512_shuffle_f32x4(z01, z23, 0xDD));
 }
 
+// Sixteen cache elements as float32 lanes: bfloat16 is the high half of a float32, so widening is one shift.
+static inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+static inline __m512 load16(const at::BFloat16* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
 // The AVX-512 form of attend() for head sizes that are a multiple of 16 (C = D / 16 vectors per head row).
-template <int C>
-static void attend_avx512(const float* q, float* o, const float* kp, const float* vp, const int32_t* blocks,
+template <int C, typename T>
+static void attend_avx512(const float* q, float* o, const T* kp, const T* vp, const int32_t* blocks,
                           int64_t L, int64_t BS, int64_t Hkv, int64_t G, int64_t h0, int64_t h1, float scale,
                           std::vector<float>& scores, std::vector<float>& acc) {
   constexpr int64_t D = 16 * C;
@@ -133,7 +141,7 @@ static void attend_avx512(const float* q, float* o, const float* kp, const float
   const int64_t nblocks = (L + BS - 1) / BS;
   const __m512 vscale = _mm512_set1_ps(scale);
   for (int64_t b = 0; b < nblocks; ++b) {
-    const float* kb = kp + static_cast<int64_t>(blocks[b]) * BS * row;
+    const T* kb = kp + static_cast<int64_t>(blocks[b]) * BS * row;
     const int64_t t0 = b * BS, nt = std::min(BS, L - t0);
     prefetch_block(kp, blocks, b + 1, nblocks, BS, row, L);
     for (int64_t h = h0; h < h1; ++h) {
@@ -146,9 +154,9 @@ static void attend_avx512(const float* q, float* o, const float* kp, const float
           __m512 part[16];
           for (int64_t i = 0; i < 16; ++i) {
             if (i >= m) { part[i] = _mm512_setzero_ps(); continue; }
-            const float* k = kb + (i0 + i) * row + h * D;
-            __m512 s = _mm512_mul_ps(qv[0], _mm512_loadu_ps(k));
-            for (int c = 1; c < C; ++c) s = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k + 16 * c), s);
+            const T* k = kb + (i0 + i) * row + h * D;
+            __m512 s = _mm512_mul_ps(qv[0], load16(k));
+            for (int c = 1; c < C; ++c) s = _mm512_fmadd_ps(qv[c], load16(k + 16 * c), s);
             part[i] = s;
           }
           const __mmask16 mask = static_cast<__mmask16>((1u << m) - 1u);
@@ -160,7 +168,7 @@ static void attend_avx512(const float* q, float* o, const float* kp, const float
   softmax_rows(scores.data(), heads, L);
   acc.assign(heads * D, 0.f);
   for (int64_t b = 0; b < nblocks; ++b) {
-    const float* vb = vp + static_cast<int64_t>(blocks[b]) * BS * row;
+    const T* vb = vp + static_cast<int64_t>(blocks[b]) * BS * row;
     const int64_t t0 = b * BS, nt = std::min(BS, L - t0);
     prefetch_block(vp, blocks, b + 1, nblocks, BS, row, L);
     for (int64_t h = h0; h < h1; ++h) {
@@ -172,8 +180,8 @@ static void attend_avx512(const float* q, float* o, const float* kp, const float
         for (int c = 0; c < C; ++c) av[c] = _mm512_loadu_ps(a + 16 * c);
         for (int64_t i = 0; i < nt; ++i) {
           const __m512 pv = _mm512_set1_ps(p[i]);
-          const float* v = vb + i * row + h * D;
-          for (int c = 0; c < C; ++c) av[c] = _mm512_fmadd_ps(pv, _mm512_loadu_ps(v + 16 * c), av[c]);
+          const T* v = vb + i * row + h * D;
+          for (int c = 0; c < C; ++c) av[c] = _mm512_fmadd_ps(pv, load16(v + 16 * c), av[c]);
         }
         for (int c = 0; c < C; ++c) _mm512_storeu_ps(a + 16 * c, av[c]);
       }
@@ -183,16 +191,15 @@ static void attend_avx512(const float* q, float* o, const float* kp, const float
 }
 #endif
 
-// out, q: [n, H, D]; caches: [num_blocks, block_size, Hkv, D]; block_tables: [n, max_blocks] int32;
-// seq_lens: [n] int32. Sequence s attends to its first seq_lens[s] cached tokens.
-void paged_decode(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                  torch::Tensor block_tables, torch::Tensor seq_lens, double scale) {
+template <typename T>
+static void paged_decode_typed(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                               torch::Tensor block_tables, torch::Tensor seq_lens, double scale) {
   const int64_t n = q.size(0), H = q.size(1), D = q.size(2);
   const int64_t BS = k_cache.size(1), Hkv = k_cache.size(2), G = H / Hkv, MB = block_tables.size(1);
   const float* qp = q.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  const float* kp = k_cache.data_ptr<float>();
-  const float* vp = v_cache.data_ptr<float>();
+  const T* kp = k_cache.data_ptr<T>();
+  const T* vp = v_cache.data_ptr<T>();
   const int32_t* bt = block_tables.data_ptr<int32_t>();
   const int32_t* sl = seq_lens.data_ptr<int32_t>();
   const float fscale = static_cast<float>(scale);
@@ -217,7 +224,7 @@ void paged_decode(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, tor
 #if defined(__AVX512F__)
 #define VLLITE_AVX512_CASE(C)                                                                   \
   case C:                                                                                       \
-    attend_avx512<C>(qs, os, kp, vp, blocks, L, BS, Hkv, G, h0, h1, fscale, scores, acc);       \
+    attend_avx512<C, T>(qs, os, kp, vp, blocks, L, BS, Hkv, G, h0, h1, fscale, scores, acc);       \
     continue;
       if (D % 16 == 0) {
         switch (D / 16) {
@@ -228,9 +235,21 @@ void paged_decode(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, tor
       }
 #undef VLLITE_AVX512_CASE
 #endif
-      if (D == 64) attend<64>(qs, os, kp, vp, blocks, L, BS, Hkv, G, h0, h1, D, fscale, scores, acc);
-      else if (D == 128) attend<128>(qs, os, kp, vp, blocks, L, BS, Hkv, G, h0, h1, D, fscale, scores, acc);
-      else attend<0>(qs, os, kp, vp, blocks, L, BS, Hkv, G, h0, h1, D, fscale, scores, acc);
+      if (D == 64) attend<64, T>(qs, os, kp, vp, blocks, L, BS, Hkv, G, h0, h1, D, fscale, scores, acc);
+      else if (D == 128) attend<128, T>(qs, os, kp, vp, blocks, L, BS, Hkv, G, h0, h1, D, fscale, scores, acc);
+      else attend<0, T>(qs, os, kp, vp, blocks, L, BS, Hkv, G, h0, h1, D, fscale, scores, acc);
     }
   });
+}
+
+// out, q: [n, H, D] float32; caches: [num_blocks, block_size, Hkv, D] float32 or bfloat16; block_tables:
+// [n, max_blocks] int32; seq_lens: [n] int32. Sequence s attends to its first seq_lens[s] cached tokens.
+void paged_decode(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                  torch::Tensor block_tables, torch::Tensor seq_lens, double scale) {
+  TORCH_CHECK(q.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat, "paged_decode: q and out are float32");
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "paged_decode: K and V caches differ in dtype");
+  if (k_cache.scalar_type() == at::kBFloat16)
+    paged_decode_typed<at::BFloat16>(out, q, k_cache, v_cache, block_tables, seq_lens, scale);
+  else
+    paged_decode_typed<float>(out, q, k_cache, v_cache, block_tables, seq_lens, scale);
 }

@@ -13,7 +13,8 @@ this kernel's first version (one work item per sequence x KV head, striding thro
 10.1 ms now.
 
 Built once per machine with ``torch.utils.cpp_extension.load_inline`` (the C++ compiler torch was built with;
-about a minute) into torch's extension cache, and loaded from there afterwards. Float32 only; when no compiler is
+about a minute) into torch's extension cache, and loaded from there afterwards. The cache may be float32 or bfloat16
+(widened to float32 as it is read: a bfloat16 cache halves the bytes decode reads); when no compiler is
 found or the build fails, :func:`decode_kernel` returns ``None`` (logged once) and the torch path serves decode.
 ``VLLITE_CPU_DECODE_KERNEL=0`` turns it off.
 """
@@ -35,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["decode_kernel", "paged_decode_attention"]
 
+_CACHE_DTYPES = (torch.float32, torch.bfloat16)
 _SOURCE = (pathlib.Path(__file__).parent / "cpu_decode.cpp").read_text()
 _CPP_DECL = (
     "void paged_decode(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, "
@@ -106,18 +108,19 @@ def paged_decode_attention(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """Decode attention (one query token per sequence, ``query [n, H, D]``) read through the block tables, or
-    ``None`` when the kernel does not apply (no kernel, not float32, non-contiguous caches)."""
+    ``None`` when the kernel does not apply (no kernel, a cache neither float32 nor bfloat16, non-contiguous
+    caches). Scores and sums are float32 whatever the dtype; the result has ``query``'s dtype."""
     kernel = decode_kernel()
-    if kernel is None or query.dtype != torch.float32 or key_cache.dtype != torch.float32:
+    if kernel is None or key_cache.dtype not in _CACHE_DTYPES or value_cache.dtype != key_cache.dtype:
         return None
-    if not (key_cache.is_contiguous() and value_cache.is_contiguous()):
+    if query.dtype not in _CACHE_DTYPES or not (key_cache.is_contiguous() and value_cache.is_contiguous()):
         return None
     n = query.shape[0]
-    result = out if out is not None and out.is_contiguous() and out.dtype == torch.float32 else None
-    result = torch.empty_like(query) if result is None else result
+    fp32_out = out is not None and out.is_contiguous() and out.dtype == torch.float32
+    result = out if fp32_out else torch.empty(query.shape, dtype=torch.float32)
     kernel.paged_decode(
         result,
-        query.contiguous(),
+        query.to(torch.float32).contiguous(),
         key_cache,
         value_cache,
         block_tables[:n].to(torch.int32).contiguous(),
@@ -127,4 +130,4 @@ def paged_decode_attention(
     if out is not None and result is not out:
         out.copy_(result)
         return out
-    return result
+    return result if query.dtype == torch.float32 else result.to(query.dtype)

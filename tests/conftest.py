@@ -10,6 +10,9 @@ if not os.environ.get("CUDA_VISIBLE_DEVICES") and not os.path.exists("/dev/nvidi
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Tests use tiny shapes: one intra-op thread avoids OpenMP spin contention on small CI machines.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# dtype="auto" runs a bfloat16 checkpoint (the demo model) in bfloat16 on CPUs with AVX512-BF16 or AMX: the suite pins
+# float32 so its float32 oracle holds on any CI machine; tests/test_bf16.py sets the override itself.
+os.environ.setdefault("VLLITE_CPU_BF16", "0")
 # Keep tests from loading whatever third-party plugins happen to be installed, unless a test asks.
 os.environ.setdefault("VLLITE_ENABLE_MULTIPROCESSING", "0")
 

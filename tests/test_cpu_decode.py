@@ -74,6 +74,31 @@ def test_decode_kernel_equals_the_reference(heads, kv_heads, head_dim, block_siz
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "head_dim", "block_size"), [(8, 4, 64, 16), (8, 2, 48, 5), (6, 3, 80, 16)]
+)
+@pytest.mark.parametrize("num_seqs", [17, 2])
+def test_bfloat16_cache_equals_the_float32_reference_on_the_same_values(
+    heads, kv_heads, head_dim, block_size, num_seqs
+):
+    """A bfloat16 query and cache (the CPU default on AVX512-BF16/AMX machines): the kernel widens each element as it
+    reads it and accumulates in float32, so it matches the float32 reference on the same (rounded) values to within
+    the output's one rounding to bfloat16; AVX-512 and portable head sizes both."""
+    if cpu_decode.decode_kernel() is None:
+        pytest.skip("the kernel could not be built here")
+    q, k, v, tables, lens, starts = _decode_case(num_seqs, heads, kv_heads, head_dim, block_size, seed=head_dim)
+    q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    scale = head_dim**-0.5
+    params = PagedAttentionParams(tables, lens, starts, max_query_len=1, max_seq_len=300, scale=scale)
+    expected = paged_attention_ref(q.float(), k.float(), v.float(), params)
+    direct = cpu_decode.paged_decode_attention(q, k, v, tables, lens, scale=scale)
+    assert direct is not None and direct.dtype == torch.bfloat16
+    torch.testing.assert_close(direct.float(), expected, rtol=8e-3, atol=1e-3)
+    out = torch.full_like(q, float("nan"))
+    assert paged_attention_cpu(q, k, v, params, out=out) is out
+    torch.testing.assert_close(out.float(), expected, rtol=8e-3, atol=1e-3)
+
+
 def test_switched_off_it_leaves_decode_to_the_torch_path(monkeypatch):
     monkeypatch.setenv("VLLITE_CPU_DECODE_KERNEL", "0")
     cpu_decode.decode_kernel.cache_clear()

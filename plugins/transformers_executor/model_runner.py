@@ -77,7 +77,7 @@ class ModelRunner:
         self.logitsprocs = _build_logitsprocs(config, device)
         self.sampler = Sampler()
         self.default_generator = torch.Generator(device=device)
-        if device.type == "cpu" and dtype == torch.float32:
+        if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
             from vllite.kernels.cpu_decode import decode_kernel
 
             decode_kernel()  # a first build (about half a minute, once per machine) happens at start-up, not mid-step
@@ -392,7 +392,7 @@ class ModelRunner:
         logits = output.logits[0]
         if not self._accepts_logits_to_keep:
             logits = logits[logits_indices]
-        return logits
+        return logits.float()  # a bfloat16 model's logits: logprobs, penalties and sampling are float32
 
     def _sampling_metadata(self, samples: np.ndarray) -> SamplingMetadata:
         """The step's sampling metadata (``samples[row]``: the row keeps its token), reused while it can be."""
