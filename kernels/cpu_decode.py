@@ -116,8 +116,8 @@ def paged_decode_attention(
     if query.dtype not in _CACHE_DTYPES or not (key_cache.is_contiguous() and value_cache.is_contiguous()):
         return None
     n = query.shape[0]
-    fp32_out = out is not None and out.is_contiguous() and out.dtype == torch.float32
-    result = out if fp32_out else torch.empty(query.shape, dtype=torch.float32)
+    usable = out is not None and out.is_contiguous() and out.dtype == torch.float32
+    result = out if out is not None and usable else torch.empty(query.shape, dtype=torch.float32)
     kernel.paged_decode(
         result,
         query.to(torch.float32).contiguous(),
