@@ -88,7 +88,14 @@ class DefaultExecutor(Executor):
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
             self._cuda_free_at_start = torch.cuda.mem_get_info(self.device)[0]
-        model = load_model(str(mc.model), hf_config, self.dtype, self.device, trust_remote_code=mc.trust_remote_code)
+        model = load_model(
+            str(mc.model),
+            hf_config,
+            self.dtype,
+            self.device,
+            trust_remote_code=mc.trust_remote_code,
+            quantization=mc.quantization,
+        )
         # The model's own limit may later shrink to what the KV cache holds; a length the user asked for may not.
         self._may_shrink_context = mc.max_model_len is None
         # The runner (and the logits processors it builds) read the context length this executor settled on.
@@ -247,7 +254,12 @@ class DefaultExecutor(Executor):
             if self.runner.model is None:
                 mc = self.config.model_config
                 self.runner.model = load_model(
-                    str(mc.model), self.hf_config, self.dtype, self.device, trust_remote_code=mc.trust_remote_code
+                    str(mc.model),
+                    self.hf_config,
+                    self.dtype,
+                    self.device,
+                    trust_remote_code=mc.trust_remote_code,
+                    quantization=mc.quantization,
                 )
             else:
                 self.runner.model.to(self.device)

@@ -135,10 +135,20 @@ def _registered_models() -> dict[str, type]:
 
 
 def load_model(
-    path: str, hf_config: Any, dtype: torch.dtype, device: torch.device, *, trust_remote_code: bool = False
+    path: str,
+    hf_config: Any,
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    trust_remote_code: bool = False,
+    quantization: str | None = None,
 ) -> torch.nn.Module:
-    """Instantiates the model with ``attn_implementation="vllite_paged"`` on ``device`` in eval mode."""
+    """Instantiates the model with ``attn_implementation="vllite_paged"`` on ``device`` in eval mode; a quantized
+    checkpoint (or ``quantization``, vLLM's ``--quantization``) keeps its weights packed (``.quantization``)."""
+    from vllite.plugins.transformers_executor.quantization import load_quantized_model, resolve_quantization
+
     model_cls = resolve_model_class(hf_config)
+    quant_spec = resolve_quantization(path, hf_config, quantization)
     attn = register_attention()
     import transformers
 
@@ -147,7 +157,11 @@ def load_model(
     if trust_remote_code:
         kwargs["trust_remote_code"] = True
     try:
-        model = model_cls.from_pretrained(path, config=hf_config, **kwargs)
+        if quant_spec is not None:
+            init_kwargs = {dtype_kw: dtype, "attn_implementation": attn}
+            model = load_quantized_model(path, hf_config, quant_spec, model_cls, dtype, device, init_kwargs)
+        else:
+            model = model_cls.from_pretrained(path, config=hf_config, **kwargs)
     except ModelLoadError:
         raise
     except (OSError, ValueError) as exc:
