@@ -38,19 +38,20 @@ class ModelConfig:
     """Which model, in which precision, with how long a context (``None``: the model's own limit).
 
     Also answers what vLLM plugins read from vLLM's ``ModelConfig``: ``runner_type`` (always ``"generate"``),
-    ``tokenizer_mode``, ``tokenizer_revision`` / ``revision`` (local folders only: ``None``), ``hf_config``,
+    ``tokenizer_mode``, ``tokenizer_revision`` / ``revision`` (the Hub revisions asked for), ``hf_config``,
     ``hf_text_config``, ``vocab_size`` / ``get_vocab_size()`` and ``get_hidden_size()``.
     """
 
     # What vLLM's ModelConfig says for the one kind of model vllite runs (a generative model from a local folder).
     runner_type: ClassVar[str] = "generate"
     tokenizer_mode: ClassVar[str] = "auto"
-    tokenizer_revision: ClassVar[str | None] = None
-    revision: ClassVar[str | None] = None
 
-    model: str | None = None
+    model: str | None = None  # a local folder: EngineArgs resolves a Hub id to its snapshot folder
     tokenizer: str | None = None
+    revision: str | None = None
+    tokenizer_revision: str | None = None
     dtype: str = "auto"
+    quantization: str | None = None  # vLLM's --quantization; None: whatever the checkpoint's quantization_config says
     max_model_len: int | None = None
     seed: int = 0
     trust_remote_code: bool = False
@@ -282,9 +283,15 @@ def _help(text: str, **extra: Any) -> dict[str, Any]:
 class EngineArgs:
     """Engine arguments with vLLM's names; ``create_engine_config()`` validates and groups them."""
 
-    model: str | None = field(default=None, metadata=_help("Path to a local model folder (default: the demo model)."))
-    tokenizer: str | None = field(default=None, metadata=_help("Tokenizer folder (default: the model folder)."))
+    model: str | None = field(default=None, metadata=_help("Local model folder or Hub id (default: the demo model)."))
+    tokenizer: str | None = field(default=None, metadata=_help("Tokenizer folder or Hub id (default: the model)."))
+    revision: str | None = field(default=None, metadata=_help("Hub model revision: a branch, tag or commit."))
+    tokenizer_revision: str | None = field(default=None, metadata=_help("Hub tokenizer revision (default: revision)."))
+    download_dir: str | None = field(default=None, metadata=_help("Hub downloads' cache (default: the HF cache)."))
     dtype: str = field(default="auto", metadata=_help("Model dtype.", choices=DTYPES))
+    quantization: str | None = field(
+        default=None, metadata=_help("Quantized weights: compressed-tensors, gptq (default: auto).", aliases=("-q",))
+    )
     max_model_len: int | None = field(default=None, metadata=_help("Context length (default: the model's)."))
     seed: int = field(default=0, metadata=_help("Seed for sampling without a per-request seed."))
     max_logprobs: int = field(
@@ -484,12 +491,16 @@ class EngineArgs:
     def _model_config(self) -> ModelConfig:
         """The model arguments; without ``model``, the demo model shipped in the package (also the tokenizer)."""
         from vllite.assets import default_model_path
+        from vllite.plugins.hf_hub.resolve import resolve_model_paths  # Hub ids: downloaded once, here
 
-        model = self.model or default_model_path()
+        model, tokenizer = resolve_model_paths(self.model or default_model_path(), self.tokenizer, self)
         return ModelConfig(
             model=model,
-            tokenizer=self.tokenizer or model,
+            tokenizer=tokenizer,
+            revision=self.revision,
+            tokenizer_revision=self.tokenizer_revision or self.revision,
             dtype={"half": "float16", "float": "float32"}.get(self.dtype, self.dtype),
+            quantization=self.quantization,
             max_model_len=self.max_model_len,
             seed=self.seed,
             max_logprobs=self.max_logprobs,

@@ -20,8 +20,8 @@ def check_model_folder(path: str | None) -> str:
         raise ModelLoadError("No model given: pass a local model folder (config.json + safetensors weights).")
     if not os.path.isdir(path):
         raise ModelLoadError(
-            f"Model folder {path!r} does not exist: vllite loads models from local folders only "
-            "(Hugging Face Hub ids are not supported yet)."
+            f"Model folder {path!r} does not exist, and it is not a Hugging Face Hub id ('org/name', downloaded "
+            "to a local folder when EngineArgs creates the engine config)."
         )
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise ModelLoadError(f"There is no config.json in {path!r}: it is not a model folder (config.json + weights).")

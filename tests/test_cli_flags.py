@@ -49,11 +49,10 @@ UNSUPPORTED = [
     (["--tensor-parallel-size", "2"], "--tensor-parallel-size", "for scale-out use -dp N (--data-parallel-size)"),
     (["-tp", "2"], "-tp (--tensor-parallel-size)", "-dp N (--data-parallel-size)"),
     (["--pipeline-parallel-size", "2"], "--pipeline-parallel-size", "-dp N"),
-    (["--quantization", "awq"], "--quantization", "unquantized"),
     (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype", "--dtype"),
     (["--enable-lora"], "--enable-lora", "LoRA"),
     (["--speculative-model", "foo"], "--speculative-model", "--speculative-config"),
-    (["--download-dir", "/tmp"], "--download-dir", "local model folders only"),
+    (["--load-format", "dummy"], "--load-format", "safetensors"),
 ]
 
 

@@ -88,10 +88,22 @@ def test_the_no_chat_template_error_names_the_flag(model_without_template):
 @pytest.mark.parametrize("command", ["generate", "serve"])
 def test_a_model_that_is_not_a_folder_is_named_missing(tmp_path, command):
     extra = ["hi"] if command == "generate" else ["--port", "0"]
-    result = _vllite(command, "--model", "Qwen/Qwen2.5-0.5B-Instruct", *extra, cwd=tmp_path)
+    result = _vllite(command, "--model", "./no-such-model", *extra, cwd=tmp_path)
     assert result.returncode in (1, 2)
     line = _error_line(result)
-    assert "'Qwen/Qwen2.5-0.5B-Instruct'" in line and "does not exist" in line and "local folders" in line
+    assert "'./no-such-model'" in line and "does not exist" in line and "Hugging Face Hub id" in line
+    assert "Tokenizer" not in line and "tokenizer" not in line
+
+
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_a_hub_id_that_is_not_cached_offline_is_named(tmp_path, command, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no download: the id is looked up in an empty cache
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    extra = ["hi"] if command == "generate" else ["--port", "0"]
+    result = _vllite(command, "--model", "Qwen/Qwen2.5-0.5B-Instruct", *extra, cwd=tmp_path)
+    assert result.returncode == 1
+    line = _error_line(result)
+    assert "'Qwen/Qwen2.5-0.5B-Instruct'" in line and "HF_HUB_OFFLINE=1" in line and "cache" in line
     assert "Tokenizer" not in line and "tokenizer" not in line
 
 

@@ -33,7 +33,7 @@ def get_tokenizer(path: str | Path, *, trust_remote_code: bool = False, **kwargs
     folder = Path(path).expanduser()
     if not folder.is_dir():
         raise ModelLoadError(
-            f"Tokenizer folder {str(folder)!r} does not exist (vllite loads tokenizers from local folders only)."
+            f"Tokenizer folder {str(folder)!r} does not exist, and it is not a Hugging Face Hub id ('org/name')."
         )
     present = [name for name in TOKENIZER_FILES if (folder / name).is_file()]
     if not present:

@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from vllite.config import EngineArgs
 
 _SCALE_OUT = "for scale-out use -dp N (--data-parallel-size)"
-_LOCAL = "vllite loads local model folders only: pass the folder as the model"
 _LORA = "LoRA adapters are not served yet: merge the adapter into the model's weights"
 _SPECULATIVE = 'n-gram speculative decoding: --speculative-config \'{"method": "ngram", "num_speculative_tokens": 3}\''
 
@@ -33,7 +32,6 @@ VLLM_ONLY_FLAGS: dict[tuple[str, ...], str | None] = {
     ("--pipeline-parallel-size", "-pp"): _SCALE_OUT,
     ("--distributed-executor-backend",): "data-parallel engines run as local processes or on Ray: "
     "--data-parallel-backend mp|ray",
-    ("--quantization", "-q"): "vllite runs unquantized weights: pass a float32, float16 or bfloat16 model folder",
     ("--kv-cache-dtype",): "the KV cache takes the model's dtype (--dtype)",
     ("--enable-lora",): _LORA,
     ("--max-loras",): _LORA,
@@ -41,9 +39,6 @@ VLLM_ONLY_FLAGS: dict[tuple[str, ...], str | None] = {
     ("--lora-modules",): _LORA,
     ("--speculative-model",): _SPECULATIVE,
     ("--num-speculative-tokens",): _SPECULATIVE,
-    ("--download-dir",): _LOCAL,
-    ("--revision",): _LOCAL,
-    ("--tokenizer-revision",): _LOCAL,
     ("--load-format",): "vllite loads the safetensors weights of the model folder",
     ("--swap-space",): "for a host-memory KV tier use --kv-offload-size GiB",
     ("--cpu-offload-gb",): "choose a model whose weights fit the device's memory",

@@ -26,13 +26,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     from vllite.config import EngineArgs
     from vllite.plugins.commands.engine_flags import add_vllm_only_flags
 
-    parser.add_argument("model_tag", nargs="?", default=None, help="Model folder (default: the demo model).")
+    parser.add_argument("model_tag", nargs="?", default=None, help="Model folder or Hub id (default: the demo model).")
     server = parser.add_argument_group("server")
     add = server.add_argument
     add("--host", default="127.0.0.1", help="Address to listen on (default 127.0.0.1; 0.0.0.0 for every interface).")
     add("--port", type=int, default=8000, help="Port (default 8000; 0 picks a free one and prints it).")
     add("--api-key", default=None, help=f"Require 'Authorization: Bearer KEY' on /v1 routes (also ${API_KEY_ENV}).")
-    add("--served-model-name", nargs="+", default=None, help="Model names the API answers to (default: the path).")
+    add("--served-model-name", nargs="+", default=None, help="Names the API answers to (default: the model as given).")
     add("--chat-template", default=None, help="A Jinja chat template, or a file holding one, over the tokenizer's.")
     add(
         "--trust-request-chat-template",
