@@ -28,6 +28,8 @@ _EXECUTOR = "vllite.plugins.transformers_executor"
 _KV_CONNECTOR_MODULES: tuple[str, ...] = ("block_files", "offload", "offload_disk", "offload_worker", "p2p")
 _KV_CONNECTOR_MODULES += ("p2p_worker", "transfers", "shared_storage", "shared_storage_worker")
 _GRAMMAR_MODULES = ("xgrammar_backend", "guidance_backend", "bounded_strings", "strict_json")
+_VLLM_COMPAT = "vllite.plugins.vllm_compat"
+_VLLM_COMPAT_MODULES = ("finder", "served", "logger", "tokenizers", "torch_utils")
 _SIZING_NAMES: tuple[str, ...] = ("CPU_KVCACHE_SPACE_ENV", "DEFAULT_CPU_KVCACHE_SPACE_GIB", "cpu_kvcache_space_bytes")
 _SIZING_NAMES += ("determine_num_blocks", "gpu_kvcache_space_bytes", "kv_cache_bytes_per_token")
 
@@ -45,6 +47,8 @@ MOVED_MODULES: dict[str, str] = {
     "vllite.cli_commands": "vllite.plugins.commands.plugin",
     "vllite.plugin_report": "vllite.plugins.commands.plugin_report",
     "vllite.testing.server": "vllite.plugins.openai_server.testing",
+    "vllite.vllm_compat": _VLLM_COMPAT,
+    **{f"vllite.vllm_compat.{name}": f"{_VLLM_COMPAT}.{name}" for name in _VLLM_COMPAT_MODULES},
 }
 
 #: kernel package -> {name it re-exported: the module that now holds it}.

@@ -26,7 +26,7 @@ from typing import Any
 
 import pluggy
 
-from vllite import hookspecs, vllm_compat
+from vllite import hookspecs
 from vllite.exceptions import DuplicateComponentError, PluginLoadError, UnknownComponentError
 from vllite.registry import Component, Registry, resolve_class_path
 
@@ -88,6 +88,8 @@ class EntryPointInfo:
         vllm_compat.activate()  # plugins may `import vllm...`: served by vllite when no real vLLM is installed
         try:
             return self.entry_point.load()
+        from vllite.plugins import vllm_compat  # a builtin adapter: imported here, not at module level
+
         except Exception as exc:
             raise PluginLoadError(
                 f"Failed to load {self.describe()} in group {self.group!r}: {type(exc).__name__}: {exc} "

@@ -2,8 +2,8 @@
 
 ``vllite.schedulers`` is now ``vllite.policies``, ``vllite.plugins.executor`` is now
 ``vllite.plugins.transformers_executor``, and the builtins that lived in the kernel (the KV connectors, the grammar
-backends, the CPU thread placement, the engine wire, the builtin commands) are plugins (see
-``vllite.deprecated_aliases``).
+backends, the CPU thread placement, the engine wire, the builtin commands, the vLLM compatibility layer) are plugins
+(see ``vllite.deprecated_aliases``).
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ def test_every_moved_module_is_gone_from_the_kernel_folder():
     for old in MOVED_MODULES:
         relative = Path(*old.split(".")[1:])
         assert not (kernel / relative.with_suffix(".py")).exists(), old
+        assert not list((kernel / relative).glob("*.py")), old  # a moved package leaves no module behind
 
 
 @pytest.mark.parametrize(
@@ -82,6 +83,24 @@ def test_old_names_give_the_same_classes():
     assert OldDefaultExecutor is DefaultExecutor
     assert OldOffloadConnector is OffloadConnector
     assert OldXgrammarBackend is XgrammarBackend
+
+
+def test_the_old_vllm_compat_name_is_the_moved_layer(monkeypatch):
+    import vllite
+    from vllite.plugins import vllm_compat
+    from vllite.plugins.vllm_compat.finder import VllmCompatFinder
+
+    monkeypatch.delattr(vllite, "vllm_compat", raising=False)  # set by an earlier import of the old name
+    monkeypatch.delitem(sys.modules, "vllite.vllm_compat", raising=False)
+    monkeypatch.delitem(sys.modules, "vllite.vllm_compat.finder", raising=False)
+    with pytest.warns(DeprecationWarning, match=r"vllite.vllm_compat is deprecated"):
+        from vllite import vllm_compat as old_vllm_compat
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from vllite.vllm_compat.finder import VllmCompatFinder as OldVllmCompatFinder
+
+    assert old_vllm_compat is vllm_compat and old_vllm_compat.activate is vllm_compat.activate
+    assert OldVllmCompatFinder is VllmCompatFinder
 
 
 def test_old_class_paths_resolve_to_the_same_classes():

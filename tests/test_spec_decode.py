@@ -323,6 +323,6 @@ def test_plugins_see_the_speculative_config(monkeypatch):
 
 
 def test_vllm_compat_serves_speculative_config():
-    from vllite.vllm_compat.served import SERVED_MODULES
+    from vllite.plugins.vllm_compat.served import SERVED_MODULES
 
     assert SERVED_MODULES["vllm.config"]["SpeculativeConfig"] == "vllite.config:SpeculativeConfig"

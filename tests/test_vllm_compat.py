@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from vllite import vllm_compat
 from vllite.config import EngineArgs, EngineConfig
 from vllite.exceptions import VlliteError, VllmCompatImportError, VLLMValidationError
 from vllite.logits_processor import (
@@ -33,9 +32,10 @@ from vllite.logits_processor import (
     UvaBackedTensor,
     build_logitsprocs,
 )
+from vllite.plugins import vllm_compat
+from vllite.plugins.vllm_compat.finder import VllmCompatFinder
 from vllite.sampling_params import SamplingParams
 from vllite.testing import make_tiny_model_dir_cached
-from vllite.vllm_compat.finder import VllmCompatFinder
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,12 +89,12 @@ def fake_vllm(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------------------- what is served
 def test_every_served_name_is_vllites_object():
-    from vllite.vllm_compat.finder import _resolve
+    from vllite.plugins.vllm_compat.finder import _resolve
 
     vllm_compat.activate()
     for module_name, names in vllm_compat.SERVED_MODULES.items():
         module = importlib.import_module(module_name)
-        assert vllm_compat.is_shim_module(module) and module.__spec__.origin == "vllite.vllm_compat"
+        assert vllm_compat.is_shim_module(module) and module.__spec__.origin == "vllite.plugins.vllm_compat"
         assert sorted(names) == module.__all__ and set(names) <= set(dir(module))
         for name, reference in names.items():
             assert getattr(module, name) is _resolve(reference), f"{module_name}.{name}"
@@ -153,7 +153,7 @@ def test_not_active_after_import_vllite():
     code = (
         "import importlib.util, vllite, vllite.logits_processor, vllite.config\n"
         "assert importlib.util.find_spec('vllm') is None, 'vllm findable after import vllite'\n"
-        "from vllite import vllm_compat\n"
+        "from vllite.plugins import vllm_compat\n"
         "assert not vllm_compat.is_active()\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
@@ -413,7 +413,7 @@ def test_slot_request_state_is_staged_like_vllms(monkeypatch):
 
 # ---------------------------------------------------------------------------- the small vLLM helpers
 def test_init_logger_has_vllms_once_methods(caplog):
-    from vllite.vllm_compat.logger import init_logger
+    from vllite.plugins.vllm_compat.logger import init_logger
 
     logger = init_logger("vllm_style_plugin.compat")
     assert init_logger("vllm_style_plugin.compat") is logger and logger.name == "vllm_style_plugin.compat"
@@ -431,7 +431,7 @@ def test_init_logger_has_vllms_once_methods(caplog):
 
 
 def test_async_tensor_h2d_takes_both_call_orders():
-    from vllite.vllm_compat.torch_utils import async_tensor_h2d
+    from vllite.plugins.vllm_compat.torch_utils import async_tensor_h2d
 
     assert async_tensor_h2d([1, 2], "cpu", torch.int64).tolist() == [1, 2]
     old = async_tensor_h2d([1, 2], torch.int32, "cpu", False)  # (data, dtype, target_device, pin_memory)
@@ -441,7 +441,7 @@ def test_async_tensor_h2d_takes_both_call_orders():
 
 
 def test_cached_tokenizer_from_config():
-    from vllite.vllm_compat.tokenizers import cached_tokenizer_from_config
+    from vllite.plugins.vllm_compat.tokenizers import cached_tokenizer_from_config
 
     config = EngineArgs(model=str(make_tiny_model_dir_cached("llama"))).create_engine_config()
     tokenizer = cached_tokenizer_from_config(config.model_config)

@@ -32,8 +32,8 @@ from typing import Any, ClassVar
 import pytest
 
 from vllite.logits_processor import BatchUpdate, LogitsProcessor
+from vllite.plugins.vllm_compat import activate, is_shim_module
 from vllite.sampling_params import SamplingParams
-from vllite.vllm_compat import activate, is_shim_module
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+; reads the examples' pyproject.toml
 

@@ -23,7 +23,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from vllite import vllm_compat
 from vllite.exceptions import PluginLoadError
 from vllite.logits_processor.container import LogitsProcessors
 from vllite.logits_processor.interface import LogitsProcessor
@@ -143,6 +142,7 @@ def _explicit(items: Iterable[type | str]) -> list[LoadedLogitsProcessor]:
 def load_logitsprocs(vllm_config: Any = None, custom: Sequence[type | str] = ()) -> list[LoadedLogitsProcessor]:
     """Every processor class in load order (see the module docstring), checked, without constructing any."""
     from vllite.plugin_manager import get_plugin_manager
+    from vllite.plugins import vllm_compat  # a builtin adapter: imported here, not at module level
 
     vllm_compat.activate()  # plugins may `import vllm...`: served by vllite when no real vLLM is installed
 

@@ -10,13 +10,15 @@ logits_processor.BatchUpdate`` *is* ``vllite.logits_processor.BatchUpdate``), li
 - It is not active after ``import vllite`` (libraries probe ``find_spec("vllm")`` to decide whether vLLM is
   installed). vllite calls :func:`activate` before it imports any plugin, in the frontend and in the engine-core
   process (logits-processor loading and entry-point loading).
+- It is a builtin adapter, not a registered plugin: the kernel imports it inside the functions that load plugins.
+  Its old name ``vllite.vllm_compat`` is a deprecated alias for one release (``vllite.deprecated_aliases``).
 - A ``vllm.*`` name it does not serve fails with :class:`~vllite.exceptions.VllmCompatImportError` (a
   ``ModuleNotFoundError``) whose message names it and lists what the layer provides.
 """
 
 from __future__ import annotations
 
-from vllite.vllm_compat.finder import (
+from vllite.plugins.vllm_compat.finder import (
     SERVED_VERSION,
     VllmCompatFinder,
     VllmCompatLoader,
@@ -26,7 +28,7 @@ from vllite.vllm_compat.finder import (
     is_shim_module,
     missing_message,
 )
-from vllite.vllm_compat.served import SERVED_MODULES, VLLM_API_VERSION
+from vllite.plugins.vllm_compat.served import SERVED_MODULES, VLLM_API_VERSION
 
 __all__ = [
     "SERVED_MODULES",

@@ -3,7 +3,7 @@
 The finder answers for ``vllm`` only after asking every other finder on ``sys.meta_path``: when one of them finds
 a real ``vllm``, it returns ``None`` and the real package is imported. For ``vllm.x.y`` it answers only when the
 ``vllm`` already imported is this layer's, and then either serves the module (a module object whose names,
-listed in :data:`~vllite.vllm_compat.served.SERVED_MODULES`, resolve to vllite's objects on first use) or
+listed in :data:`~vllite.plugins.vllm_compat.served.SERVED_MODULES`, resolve to vllite's objects on first use) or
 raises :class:`~vllite.exceptions.VllmCompatImportError` saying what the layer does provide.
 
 Every served module is a package, so ``from vllm.config import Missing`` also reaches the finder (as the
@@ -21,13 +21,13 @@ from types import ModuleType
 from typing import Any
 
 from vllite.exceptions import VllmCompatImportError
+from vllite.plugins.vllm_compat.served import SERVED_MODULES, VLLM_API_VERSION, submodules
 from vllite.version import __version__ as _vllite_version
-from vllite.vllm_compat.served import SERVED_MODULES, VLLM_API_VERSION, submodules
 
 TOP = "vllm"
 #: ``vllm.__version__`` of the served package: the vLLM API followed, with vllite's version as local label.
 SERVED_VERSION = f"{VLLM_API_VERSION}+vllite.{_vllite_version}"
-_ORIGIN = "vllite.vllm_compat"
+_ORIGIN = "vllite.plugins.vllm_compat"
 _MARKER = "__vllite_compat__"
 _lock = threading.Lock()
 
@@ -93,7 +93,7 @@ class VllmCompatLoader(importlib.abc.Loader):
         names = SERVED_MODULES[module.__name__]
         lazy = _LazyNames(module, names)
         module.__doc__ = (
-            f"vllite's stand-in for {module.__name__} (vllite.vllm_compat; no real vLLM is installed). "
+            f"vllite's stand-in for {module.__name__} (vllite.plugins.vllm_compat; no real vLLM is installed). "
             + _provided(module.__name__)
         )
         module.__dict__.update(

@@ -33,7 +33,7 @@ _SLOT_INTERFACE = {
     "LogitsContext": "vllite.logits_processor.slot_interface:LogitsContext",
     "LogitsProcRequestState": "vllite.logits_processor.slot_interface:LogitsProcRequestState",
 }
-_ASYNC_H2D = {"async_tensor_h2d": "vllite.vllm_compat.torch_utils:async_tensor_h2d"}
+_ASYNC_H2D = {"async_tensor_h2d": "vllite.plugins.vllm_compat.torch_utils:async_tensor_h2d"}
 
 #: ``vllm.*`` module name -> {name in that module: ``"vllite.module:attribute"``}.
 SERVED_MODULES: dict[str, dict[str, str]] = {
@@ -61,10 +61,12 @@ SERVED_MODULES: dict[str, dict[str, str]] = {
         "SamplingType": "vllite.sampling_params:SamplingType",
         "StructuredOutputsParams": "vllite.structured_output.params:StructuredOutputsParams",
     },
-    "vllm.logger": {"init_logger": "vllite.vllm_compat.logger:init_logger"},
+    "vllm.logger": {"init_logger": "vllite.plugins.vllm_compat.logger:init_logger"},
     "vllm.exceptions": {"VLLMValidationError": "vllite.exceptions:VLLMValidationError"},
     "vllm.logits_process": {"LogitsProcessor": "vllite.logits_processor.adapter:RequestLogitsProcessor"},
-    "vllm.tokenizers": {"cached_tokenizer_from_config": "vllite.vllm_compat.tokenizers:cached_tokenizer_from_config"},
+    "vllm.tokenizers": {
+        "cached_tokenizer_from_config": "vllite.plugins.vllm_compat.tokenizers:cached_tokenizer_from_config",
+    },
     "vllm.utils": dict(_ASYNC_H2D),  # where vLLM releases before the torch_utils split kept it
     "vllm.utils.torch_utils": dict(_ASYNC_H2D),
     "vllm.v1": {},
