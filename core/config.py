@@ -20,6 +20,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from vllite.lora.config import LORA_DTYPES, LoRAConfig
 from vllite.speculative_config import SpeculativeConfig
 from vllite.structured_output.params import StructuredOutputsConfig
 
@@ -200,6 +201,8 @@ class EngineConfig:
     plugin_config: dict[str, Any] = field(default_factory=dict)
     # The KV connector to build (--kv-transfer-config); None: no connector.
     kv_transfer_config: KVTransferConfig | None = None
+    # LoRA adapters (--enable-lora); None: requests may not name one.
+    lora_config: LoRAConfig | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled (for the engine-core process) with each importable class of ``logits_processors`` as its class
@@ -404,6 +407,15 @@ class EngineArgs:
     dp_cpus_per_engine: float = field(
         default=1.0, metadata=_help("CPUs each data-parallel engine reserves on its Ray node (the ray backend).")
     )
+    enable_lora: bool = field(default=False, metadata=_help("Serve LoRA adapters (lora_request, --lora-modules)."))
+    max_loras: int = field(default=1, metadata=_help("Most distinct LoRA adapters in one step."))
+    max_lora_rank: int = field(default=16, metadata=_help("Highest LoRA adapter rank served."))
+    max_cpu_loras: int | None = field(
+        default=None, metadata=_help("LoRA adapters kept loaded in host memory (default: max_loras).")
+    )
+    lora_dtype: str = field(
+        default="auto", metadata=_help("LoRA compute dtype (auto: the model's).", choices=LORA_DTYPES)
+    )
     plugin_config: dict[str, Any] = field(default_factory=dict, metadata={"cli": False})
 
     # ------------------------------------------------------------------ CLI
@@ -475,6 +487,7 @@ class EngineArgs:
             kv_transfer_config=self._kv_transfer_config(),
             speculative_config=SpeculativeConfig.resolve(self.speculative_config),
             structured_outputs_config=StructuredOutputsConfig.resolve(self.structured_outputs_config),
+            lora_config=self._lora_config(),
         )
         self._check_combinations(config)
         return config
@@ -508,6 +521,11 @@ class EngineArgs:
             skip_tokenizer_init=self.skip_tokenizer_init,
             generation_config=self.generation_config,
         )
+
+    def _lora_config(self) -> LoRAConfig | None:
+        if not self.enable_lora:
+            return None
+        return LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras, self.lora_dtype)
 
     def _scheduler_config(self) -> SchedulerConfig:
         """The scheduling arguments; ``policy_args`` copied, so that the config does not share the caller's dict."""

@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from vllite.lora.request import LoRARequest
 from vllite.sampling_params import SamplingParams
 
 FINISH_REASON_STRINGS = ("stop", "length", "abort", "error", "repetition")
@@ -69,7 +70,7 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     sampling_params: SamplingParams | None
     eos_token_id: int | None
     arrival_time: float
-    lora_name: str | None = None
+    lora_request: LoRARequest | None = None
     cache_salt: str | None = None
     client_index: int = 0
     priority: int = 0
@@ -83,6 +84,10 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     def params(self) -> SamplingParams:
         assert self.sampling_params is not None
         return self.sampling_params
+
+    @property
+    def lora_name(self) -> str | None:
+        return self.lora_request.lora_name if self.lora_request is not None else None
 
 
 class LogprobsLists(msgspec.Struct, array_like=True, gc=False):

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from vllite.lora import LoRARequest
     from vllite.protocol import EngineCoreEvent, EngineCoreRequest, FinishReason
     from vllite.sampling_params import SamplingParams
     from vllite.structured_output.request import StructuredOutputRequest
@@ -89,7 +90,7 @@ class Request:
         client_index: int = 0,
         priority: int = 0,
         cache_salt: str | None = None,
-        lora_name: str | None = None,
+        lora_request: LoRARequest | None = None,
         block_hasher: BlockHasher | None = None,
         trace_headers: dict[str, str] | None = None,
     ) -> None:
@@ -100,7 +101,8 @@ class Request:
         self.sampling_params = sampling_params
         self.eos_token_id = eos_token_id
         self.cache_salt = cache_salt
-        self.lora_name = lora_name
+        self.lora_request = lora_request
+        self.lora_name = lora_request.lora_name if lora_request is not None else None
         self.trace_headers = trace_headers
 
         self.prompt_token_ids = list(prompt_token_ids)
@@ -148,7 +150,7 @@ class Request:
             client_index=request.client_index,
             priority=request.priority,
             cache_salt=request.cache_salt,
-            lora_name=request.lora_name,
+            lora_request=request.lora_request,
             block_hasher=block_hasher,
             trace_headers=request.trace_headers,
         )

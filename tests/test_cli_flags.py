@@ -50,7 +50,7 @@ UNSUPPORTED = [
     (["-tp", "2"], "-tp (--tensor-parallel-size)", "-dp N (--data-parallel-size)"),
     (["--pipeline-parallel-size", "2"], "--pipeline-parallel-size", "-dp N"),
     (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype", "--dtype"),
-    (["--enable-lora"], "--enable-lora", "LoRA"),
+    (["--swap-space", "4"], "--swap-space", "--kv-offload-size"),
     (["--speculative-model", "foo"], "--speculative-model", "--speculative-config"),
     (["--load-format", "dummy"], "--load-format", "safetensors"),
 ]

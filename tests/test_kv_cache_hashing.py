@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from vllite.kv_cache import NONE_HASH, get_hash_fn, get_request_block_hasher, hash_block_tokens
+from vllite.lora import LoRARequest
 from vllite.request import Request
 from vllite.sampling_params import SamplingParams
 
@@ -101,7 +102,7 @@ def test_cache_salt_changes_every_hash_through_the_first_block(algo: str) -> Non
 def test_lora_name_changes_every_block_and_is_not_confused_with_salt(algo: str) -> None:
     toks = list(range(8))
     plain = make_request(toks, algo)
-    lora = make_request(toks, algo, lora_name="x")
+    lora = make_request(toks, algo, lora_request=LoRARequest("x", 1, "/adapters/x"))
     salt = make_request(toks, algo, cache_salt="x")
     assert all(x != y for x, y in zip(plain.block_hashes, lora.block_hashes))
     assert lora.block_hashes[0] != salt.block_hashes[0]

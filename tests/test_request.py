@@ -6,6 +6,7 @@ import heapq
 
 import pytest
 
+from vllite.lora import LoRARequest
 from vllite.protocol import EngineCoreEventType, EngineCoreRequest, FinishReason
 from vllite.request import Request, RequestStatus
 from vllite.sampling_params import SamplingParams
@@ -95,7 +96,7 @@ def test_from_engine_core_request():
         params,
         2,
         12.5,
-        lora_name="l",
+        lora_request=LoRARequest("l", 7, "/adapters/l"),
         cache_salt="s",
         client_index=3,
         priority=-1,

@@ -22,6 +22,7 @@ import msgspec
 from vllite.config import EngineConfig, executor_name
 from vllite.engine.request_checks import check_request
 from vllite.exceptions import VlliteError
+from vllite.lora import LoRARequest
 from vllite.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, EngineInfo, FinishReason
 from vllite.request import Request, RequestStatus
 from vllite.sched import PauseState, create_scheduler
@@ -30,6 +31,7 @@ from vllite.sched.output import ModelRunnerOutput, SchedulerOutput
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
+
 
 logger = logging.getLogger(__name__)
 
@@ -138,6 +140,8 @@ class EngineCore:
             raise ValueError(f"Request id {request.request_id!r} is already in the engine.")
         try:
             check_request(request, self.info)
+            if request.lora_request is not None:
+                self.add_lora(request.lora_request)  # loaded and checked now: a bad adapter fails this request
             if request.use_structured_output and request.structured_output_request is None:
                 self.structured_output_manager.grammar_init(request)  # compiles while the request waits
             self.scheduler.add_request(request)
@@ -310,6 +314,38 @@ class EngineCore:
 
     def is_sleeping(self) -> bool:
         return bool(self.model_executor.is_sleeping)
+
+    # ------------------------------------------------------------------ LoRA adapters (vLLM's utilities)
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Loads and checks an adapter into the executor's host cache; False when it is already loaded."""
+        if not isinstance(lora_request, LoRARequest):  # over RPC: its fields, in order
+            lora_request = msgspec.convert(lora_request, LoRARequest)
+        return self._lora_executor().add_lora(lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        """Unloads an adapter; ``ValueError`` while unfinished requests use it (they finish first)."""
+        users = [
+            r.request_id
+            for r in getattr(self.scheduler, "requests", {}).values()
+            if r.lora_request and r.lora_request.lora_int_id == lora_id and not r.is_finished()
+        ]
+        if users:
+            raise ValueError(
+                f"LoRA adapter {lora_id} is in use by {len(users)} unfinished request(s); remove it once they finish."
+            )
+        return self._lora_executor().remove_lora(lora_id)
+
+    def list_loras(self) -> set[int]:
+        return self._lora_executor().list_loras()
+
+    def pin_lora(self, lora_id: int) -> bool:
+        """Keeps an adapter loaded: never evicted from the host cache."""
+        return self._lora_executor().pin_lora(lora_id)
+
+    def _lora_executor(self) -> Any:
+        if self.config.lora_config is None:
+            raise ValueError("LoRA is not enabled: start the engine with enable_lora=True (--enable-lora).")
+        return self.model_executor
 
     # ------------------------------------------------------------------ facts (also reachable over RPC)
     def get_request_counts(self) -> tuple[int, int]:

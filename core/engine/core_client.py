@@ -32,6 +32,10 @@ UTILITY_METHODS = frozenset(
         "get_num_unfinished_requests",
         "get_kv_cache_usage",
         "get_engine_info",
+        "add_lora",
+        "remove_lora",
+        "list_loras",
+        "pin_lora",
     }
 )
 
@@ -87,6 +91,18 @@ class EngineCoreClient(ABC):
 
     def is_sleeping(self) -> bool:
         return self.call_utility("is_sleeping")
+
+    def add_lora(self, lora_request: Any) -> bool:
+        return self.call_utility("add_lora", lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return self.call_utility("remove_lora", lora_id)
+
+    def list_loras(self) -> set[int]:
+        return set(self.call_utility("list_loras"))
+
+    def pin_lora(self, lora_id: int) -> bool:
+        return self.call_utility("pin_lora", lora_id)
 
 
 class InprocClient(EngineCoreClient):

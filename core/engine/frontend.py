@@ -21,6 +21,7 @@ import msgspec
 
 from vllite.config import EngineConfig, ModelConfig
 from vllite.engine.input_processor import PromptType
+from vllite.lora import LoRARequest
 from vllite.protocol import EngineCoreRequest, EngineInfo
 from vllite.sampling_params import SamplingParams
 
@@ -102,6 +103,7 @@ class Frontend:
             engine_info,
             tokenizer,
             structured_outputs_config=getattr(config, "structured_outputs_config", None),
+            lora_config=config.lora_config,
         )
         self.output_processor = OutputProcessor(tokenizer, log_stats=log_stats)
         self.default_sampling_fields = default_sampling_fields(config.model_config)
@@ -119,6 +121,7 @@ class Frontend:
         arrival_time: float | None = None,
         priority: int = 0,
         queue: Any = None,
+        lora_request: LoRARequest | None = None,
     ) -> list[EngineCoreRequest]:
         """Validates one prompt, registers its output state and returns the request(s) to send to the engine.
 
@@ -135,6 +138,7 @@ class Frontend:
             params or self.default_sampling_params(),
             arrival_time=arrival_time or time.time(),
             priority=priority,
+            lora_request=lora_request,
         )
         # Every loaded logits processor checks its per-request arguments now, not mid-batch.
         validate_sampling_params(self.logitsproc_classes, request.params)

@@ -14,6 +14,7 @@ from typing import Any
 
 from vllite.config import ModelConfig
 from vllite.engine.tokenizer import AnyTokenizer, apply_chat_template
+from vllite.lora import LoRAConfig, LoRARequest
 from vllite.model_files import load_generation_config
 from vllite.protocol import EngineCoreRequest, EngineInfo
 from vllite.sampling_params import SamplingParams
@@ -51,8 +52,10 @@ class InputProcessor:
         generation_config: Mapping[str, Any] | None = None,
         *,
         structured_outputs_config: StructuredOutputsConfig | None = None,
+        lora_config: LoRAConfig | None = None,
     ) -> None:
         self.model_config = model_config
+        self.lora_config = lora_config
         self.engine_info = engine_info
         self.tokenizer = tokenizer
         if generation_config is None:
@@ -89,7 +92,7 @@ class InputProcessor:
         priority: int = 0,
         cache_salt: str | None = None,
         trace_headers: Mapping[str, str] | None = None,
-        lora_name: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> EngineCoreRequest:
         """Builds the ``EngineCoreRequest`` for one prompt; the caller's ``params`` are never modified."""
         if not isinstance(request_id, str):
@@ -111,11 +114,23 @@ class InputProcessor:
             sampling_params=sampling_params,
             eos_token_id=self.eos_token_id,
             arrival_time=time.time() if arrival_time is None else arrival_time,
-            lora_name=lora_name,
+            lora_request=self._check_lora(lora_request),
             cache_salt=cache_salt,
             priority=priority,
             trace_headers=dict(trace_headers) if trace_headers else None,
         )
+
+    def _check_lora(self, lora_request: LoRARequest | None) -> LoRARequest | None:
+        if lora_request is None:
+            return None
+        if not isinstance(lora_request, LoRARequest):
+            raise TypeError(f"lora_request must be a LoRARequest, got {type(lora_request).__name__}.")
+        if self.lora_config is None:
+            raise ValueError(
+                f"LoRA adapter {lora_request.lora_name!r} asked for, but LoRA is not enabled: start the engine with "
+                "enable_lora=True (--enable-lora)."
+            )
+        return lora_request
 
     def apply_chat_template(self, messages: Sequence[dict[str, Any]], **kwargs: Any) -> list[int]:
         """Token ids of a conversation rendered with the tokenizer's chat template (``ValueError``: none)."""

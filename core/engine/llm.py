@@ -9,6 +9,7 @@ from typing import Any, cast
 
 from vllite.config import EngineArgs
 from vllite.engine.input_processor import PromptType
+from vllite.lora import LoRARequest
 from vllite.outputs import RequestOutput
 from vllite.sampling_params import RequestOutputKind, SamplingParams
 
@@ -67,6 +68,7 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         use_tqdm: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
         priority: list[int] | None = None,
     ) -> list[RequestOutput]:
         """Generates for every prompt and returns the finished outputs in input order.
@@ -75,6 +77,7 @@ class LLM:
         stop strings or logprobs raised) — does not fail the call: its output comes back in its place, finished,
         with ``outputs[i].finish_reason == "error"`` and the cause in ``outputs[i].error``, and the other results
         are returned as usual. Only an engine that dies (``EngineDeadError``) or is shut down fails the call.
+        ``lora_request``: one adapter for every prompt, or one (or ``None``) per prompt (``enable_lora=True``).
         """
         # A single prompt (text, a dict, or a list of token ids) or a sequence of them.
         batch: list[PromptType]
@@ -94,7 +97,8 @@ class LLM:
                 )
         if priority is not None and len(priority) != len(batch):
             raise ValueError(f"Got {len(priority)} priorities for {len(batch)} prompts.")
-        self._add_requests(batch, params_list, priority)
+        loras = _per_prompt(lora_request, len(batch))
+        self._add_requests(batch, params_list, priority, loras)
         return self._run_engine(use_tqdm=use_tqdm)
 
     def chat(
@@ -106,6 +110,7 @@ class LLM:
         add_generation_prompt: bool = True,
         chat_template: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generates replies to one conversation or a list of them, through the tokenizer's chat template (or
         ``chat_template``, a Jinja template string, when given)."""
@@ -122,10 +127,14 @@ class LLM:
                 **(chat_template_kwargs or {}),
             )
             prompts.append({"prompt_token_ids": token_ids})
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
 
     def _add_requests(
-        self, prompts: list[PromptType], params_list: list[SamplingParams], priority: list[int] | None
+        self,
+        prompts: list[PromptType],
+        params_list: list[SamplingParams],
+        priority: list[int] | None,
+        loras: list[LoRARequest | None],
     ) -> None:
         added: list[str] = []
         try:
@@ -136,7 +145,9 @@ class LLM:
                     params.output_kind = RequestOutputKind.FINAL_ONLY
                 request_id = str(next(self._counter))
                 added.append(request_id)  # first: a Ctrl-C inside add_request may leave it half-added
-                self.llm_engine.add_request(request_id, prompt, params, priority=priority[i] if priority else 0)
+                self.llm_engine.add_request(
+                    request_id, prompt, params, priority=priority[i] if priority else 0, lora_request=loras[i]
+                )
         except BaseException:
             # One bad prompt (or Ctrl-C) fails the call, but leaves nothing half-submitted behind.
             if added:
@@ -174,6 +185,20 @@ class LLM:
     def reset_prefix_cache(self) -> bool:
         return self.llm_engine.reset_prefix_cache()
 
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Loads an adapter ahead of use (requests naming one load it too); False when already loaded."""
+        return self.llm_engine.add_lora(lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return self.llm_engine.remove_lora(lora_id)
+
+    def list_loras(self) -> set[int]:
+        return self.llm_engine.list_loras()
+
+    def pin_lora(self, lora_id: int) -> bool:
+        """Keeps an adapter loaded (never evicted from the host cache)."""
+        return self.llm_engine.pin_lora(lora_id)
+
     def sleep(self, level: int = 1) -> None:
         """Frees memory between uses (level 1: offload the weights, discard the KV cache; level 2: discard both)."""
         self.llm_engine.sleep(level)
@@ -197,3 +222,13 @@ class LLM:
             self.shutdown()
         except Exception:
             pass
+
+
+def _per_prompt(lora_request: LoRARequest | Sequence[LoRARequest | None] | None, n: int) -> list[LoRARequest | None]:
+    """One adapter (or ``None``) per prompt: a single one broadcast, a sequence taken as it is."""
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * n
+    loras = list(lora_request)
+    if len(loras) != n:
+        raise ValueError(f"The lengths of prompts ({n}) and lora_request ({len(loras)}) must be the same.")
+    return loras

@@ -11,6 +11,7 @@ from typing import Any
 
 from vllite.config import EngineArgs, EngineConfig
 from vllite.engine.input_processor import PromptType
+from vllite.lora import LoRARequest
 from vllite.outputs import RequestOutput
 from vllite.sampling_params import SamplingParams
 
@@ -49,9 +50,13 @@ class LLMEngine:
         *,
         arrival_time: float | None = None,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> str:
         """Validates and submits one prompt; returns the request id. Raises ``ValueError`` on bad input."""
-        for request in self.frontend.prepare(request_id, prompt, params, arrival_time=arrival_time, priority=priority):
+        prepared = self.frontend.prepare(
+            request_id, prompt, params, arrival_time=arrival_time, priority=priority, lora_request=lora_request
+        )
+        for request in prepared:
             self.engine_core.add_request(request)
         return request_id
 
@@ -105,6 +110,19 @@ class LLMEngine:
 
     def is_sleeping(self) -> bool:
         return self.engine_core.is_sleeping()
+
+    # LoRA adapters, by their lora_int_id (vLLM's names).
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        return self.engine_core.add_lora(lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return self.engine_core.remove_lora(lora_id)
+
+    def list_loras(self) -> set[int]:
+        return self.engine_core.list_loras()
+
+    def pin_lora(self, lora_id: int) -> bool:
+        return self.engine_core.pin_lora(lora_id)
 
     def shutdown(self) -> None:
         self.engine_core.shutdown()

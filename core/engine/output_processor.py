@@ -62,7 +62,7 @@ class RequestState:
         self.external_req_id = external_req_id
         self.parent_req = parent_req
         self.request_index = request_index
-        self.lora_name = request.lora_name
+        self.lora_request = request.lora_request
         self.output_kind = params.output_kind
         self.prompt = prompt
         self.prompt_token_ids = request.prompt_token_ids
@@ -123,6 +123,7 @@ class RequestState:
             num_cached_tokens=self.num_cached_tokens,
             metrics=self.stats,
             kv_transfer_params=kv_transfer_params,
+            lora_request=self.lora_request,
         )
 
     def error_completion(self, message: str) -> CompletionOutput:

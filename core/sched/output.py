@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from vllite.kv_connector.base import KVConnectorOutput
+    from vllite.lora import LoRARequest
     from vllite.request import Request
     from vllite.sampling_params import SamplingParams
 
@@ -26,6 +27,7 @@ class NewRequestData:
     num_computed_tokens: int
     # Output tokens so far: non-empty only when a preempted request is re-admitted.
     output_token_ids: list[int] = field(default_factory=list)
+    lora_request: LoRARequest | None = None
 
     @classmethod
     def from_request(cls, request: Request, block_ids: list[int]) -> NewRequestData:
@@ -36,6 +38,7 @@ class NewRequestData:
             block_ids=block_ids,
             num_computed_tokens=request.num_computed_tokens,
             output_token_ids=list(request.output_token_ids),
+            lora_request=request.lora_request,
         )
 
 

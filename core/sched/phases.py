@@ -140,18 +140,36 @@ def admit_waiting(scheduler: Scheduler, step: StepState) -> None:
 
     Requests blocked on something outside the scheduler (``RequestStatus.is_blocked_waiting``: a KV load in
     flight) and requests the KV connector defers (``None`` matched tokens) are set aside for this step without
-    holding up the requests behind them, and go back into the queue, in their order, when admission ends.
+    holding up the requests behind them, and go back into the queue, in their order, when admission ends. So
+    is a request whose LoRA adapter would exceed ``max_loras`` distinct adapters among the running requests
+    (vLLM's per-step LoRA budget, counted over every running request so that no step can exceed it).
     """
     waiting = scheduler.waiting
     skipped: list[Request] = []
     try:
-        _admit_waiting(scheduler, step, skipped)
+        _admit_waiting(scheduler, step, skipped, _running_loras(scheduler))
     finally:
         if skipped:
             waiting.requeue_skipped(skipped)
 
 
-def _admit_waiting(scheduler: Scheduler, step: StepState, skipped: list[Request]) -> None:
+def _running_loras(scheduler: Scheduler) -> set[int] | None:
+    if scheduler.max_loras is None:
+        return None
+    return {r.lora_request.lora_int_id for r in scheduler.running if r.lora_request is not None}
+
+
+def _lora_over_budget(scheduler: Scheduler, request: Request, loras: set[int] | None) -> bool:
+    """Whether ``request`` brings a new adapter when ``max_loras`` are already running; else counts it in."""
+    if loras is None or request.lora_request is None or request.lora_request.lora_int_id in loras:
+        return False
+    if len(loras) >= (scheduler.max_loras or 0):
+        return True
+    loras.add(request.lora_request.lora_int_id)
+    return False
+
+
+def _admit_waiting(scheduler: Scheduler, step: StepState, skipped: list[Request], loras: set[int] | None) -> None:
     """Admits from the head of the waiting queue until the budget, the batch width or the KV blocks run out; the
     requests set aside for this step go to ``skipped`` (see :func:`admit_waiting`)."""
     waiting = scheduler.waiting
@@ -159,7 +177,9 @@ def _admit_waiting(scheduler: Scheduler, step: StepState, skipped: list[Request]
     kv_transfer = scheduler.kv_transfer
     while waiting and step.token_budget > 0 and len(scheduler.running) < scheduler.max_num_running_reqs:
         request = waiting.peek_request()
-        if RequestStatus.is_blocked_waiting(request.status) and not try_unblock(scheduler, request):
+        if (
+            RequestStatus.is_blocked_waiting(request.status) and not try_unblock(scheduler, request)
+        ) or _lora_over_budget(scheduler, request, loras):
             skipped.append(waiting.pop_request())
             continue
         num_external, load_async = 0, False

@@ -126,6 +126,8 @@ class Scheduler(SchedulerInterface):
         self.num_lookahead_tokens = sched.num_lookahead_tokens
         self.block_size = cache.block_size
         self.enable_caching = cache.enable_prefix_caching
+        # Distinct LoRA adapters one step may run (None: LoRA off); see phases.admit_waiting.
+        self.max_loras = config.lora_config.max_loras if config.lora_config is not None else None
 
     def _init_request_state(self) -> None:
         """Starts with no request: the waiting queue (:meth:`create_waiting_queue`), the running list, the ids

@@ -22,7 +22,10 @@ if TYPE_CHECKING:
     from vllite.config import EngineArgs
 
 _SCALE_OUT = "for scale-out use -dp N (--data-parallel-size)"
-_LORA = "LoRA adapters are not served yet: merge the adapter into the model's weights"
+_LORA = (
+    "it is a `vllite serve` flag (vllite serve --enable-lora --lora-modules NAME=PATH); "
+    "from Python pass lora_request=LoRARequest(...) (see docs/lora.md)"
+)
 _SPECULATIVE = 'n-gram speculative decoding: --speculative-config \'{"method": "ngram", "num_speculative_tokens": 3}\''
 
 #: vLLM engine flags vllite does not implement, each with what to use instead; ``None``: accepted and ignored (there
@@ -33,9 +36,6 @@ VLLM_ONLY_FLAGS: dict[tuple[str, ...], str | None] = {
     ("--distributed-executor-backend",): "data-parallel engines run as local processes or on Ray: "
     "--data-parallel-backend mp|ray",
     ("--kv-cache-dtype",): "the KV cache takes the model's dtype (--dtype)",
-    ("--enable-lora",): _LORA,
-    ("--max-loras",): _LORA,
-    ("--max-lora-rank",): _LORA,
     ("--lora-modules",): _LORA,
     ("--speculative-model",): _SPECULATIVE,
     ("--num-speculative-tokens",): _SPECULATIVE,

@@ -32,6 +32,7 @@ from vllite.config import EngineArgs, EngineConfig
 from vllite.engine.input_processor import PromptType
 from vllite.engine.stats import IterationStats
 from vllite.exceptions import EngineClientClosedError, EngineDeadError, RequestProcessingError
+from vllite.lora import LoRARequest
 from vllite.outputs import RequestOutput
 from vllite.plugins.engine_proc.stat_loggers import StatLogger, StatLoggerFactory, build_stat_loggers
 from vllite.protocol import EngineCoreOutputs
@@ -110,6 +111,7 @@ class AsyncLLM:
         arrival_time: float | None = None,
         priority: int = 0,
         data_parallel_rank: int | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> Any:
         """Validates and submits one prompt; returns its ``RequestOutputCollector``. ``data_parallel_rank``: the
         data-parallel engine that must serve it (default: the client's router chooses)."""
@@ -130,7 +132,13 @@ class AsyncLLM:
             raise ValueError(f"data_parallel_rank must be an integer in [0, {size}), got {data_parallel_rank!r}.")
         queue = RequestOutputCollector(output_kind=params.output_kind)
         for request in self.frontend.prepare(
-            request_id, prompt, params, arrival_time=arrival_time, priority=priority, queue=queue
+            request_id,
+            prompt,
+            params,
+            arrival_time=arrival_time,
+            priority=priority,
+            queue=queue,
+            lora_request=lora_request,
         ):
             if data_parallel_rank is not None:
                 request.data_parallel_rank = data_parallel_rank
@@ -145,6 +153,7 @@ class AsyncLLM:
         *,
         priority: int = 0,
         data_parallel_rank: int | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Streams the request's outputs (DELTA, CUMULATIVE or FINAL_ONLY, per ``sampling_params.output_kind``).
 
@@ -155,7 +164,12 @@ class AsyncLLM:
         aborted; other streams are unaffected), ``ValueError`` for an invalid prompt or parameters.
         """
         queue = await self.add_request(
-            request_id, prompt, sampling_params, priority=priority, data_parallel_rank=data_parallel_rank
+            request_id,
+            prompt,
+            sampling_params,
+            priority=priority,
+            data_parallel_rank=data_parallel_rank,
+            lora_request=lora_request,
         )
         finished = False
         try:
@@ -203,6 +217,19 @@ class AsyncLLM:
     # ------------------------------------------------------------------ utilities
     async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         return await self.engine_core.call_utility_async("reset_prefix_cache", reset_running_requests)
+
+    async def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Loads a LoRA adapter in every engine; False when it was already loaded."""
+        return await self.engine_core.call_utility_async("add_lora", lora_request)
+
+    async def remove_lora(self, lora_id: int) -> bool:
+        return await self.engine_core.call_utility_async("remove_lora", lora_id)
+
+    async def list_loras(self) -> set[int]:
+        return set(await self.engine_core.call_utility_async("list_loras"))
+
+    async def pin_lora(self, lora_id: int) -> bool:
+        return await self.engine_core.call_utility_async("pin_lora", lora_id)
 
     async def pause_generation(self, mode: str = "abort", clear_cache: bool = True) -> None:
         """Pauses scheduling (``abort``, ``wait`` or ``keep``, as ``LLMEngine.pause_scheduler``)."""

@@ -67,6 +67,10 @@ def combine_results(method: str, results: Sequence[Any]) -> Any:
     """One answer from every engine's answer to a utility call."""
     if method in ("reset_prefix_cache", "is_scheduler_paused", "is_sleeping"):
         return all(results)
+    if method in ("add_lora", "remove_lora", "pin_lora"):
+        return any(results)
+    if method == "list_loras":
+        return set().union(*results)
     if method == "get_request_counts":
         return [sum(column) for column in zip(*results)]
     if method == "get_num_unfinished_requests":

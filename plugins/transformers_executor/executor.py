@@ -27,6 +27,7 @@ import torch
 from vllite.exceptions import DeviceUnavailableError, ExecutorAsleepError, KVCacheMemoryError, ModelLoadError
 from vllite.executor import Executor, KVCacheInfo, ModelInfo
 from vllite.kv_connector.base import KVConnectorBase, KVConnectorRole
+from vllite.lora import LoRARequest
 from vllite.model_files import load_hf_config
 from vllite.plugins.transformers_executor.kv_cache_sizing import (
     GiB,
@@ -35,6 +36,7 @@ from vllite.plugins.transformers_executor.kv_cache_sizing import (
     determine_num_blocks,
     kv_cache_bytes_per_token,
 )
+from vllite.plugins.transformers_executor.lora import LoRAModelManager
 from vllite.plugins.transformers_executor.model_loader import (
     load_model,
     model_spec,
@@ -232,6 +234,24 @@ class DefaultExecutor(Executor):
             raise ExecutorAsleepError("The executor is sleeping; call wake_up() before executing the model.")
         return self.runner.execute_model(scheduler_output)
 
+    # ------------------------------------------------------------------ LoRA adapters (engine-core utilities)
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        return self._lora().add_adapter(lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return self._lora().remove_adapter(lora_id)
+
+    def list_loras(self) -> set[int]:
+        return self._lora().list_adapters()
+
+    def pin_lora(self, lora_id: int) -> bool:
+        return self._lora().pin_adapter(lora_id)
+
+    def _lora(self) -> LoRAModelManager:
+        if self.runner.lora is None:
+            raise ValueError("LoRA is not enabled: start the engine with enable_lora=True (--enable-lora).")
+        return self.runner.lora
+
     # ------------------------------------------------------------------ sleep / shutdown
     def _sleep(self, level: int) -> None:
         self.runner.free_kv_cache()
@@ -253,13 +273,15 @@ class DefaultExecutor(Executor):
         if "weights" in tags:
             if self.runner.model is None:
                 mc = self.config.model_config
-                self.runner.model = load_model(
-                    str(mc.model),
-                    self.hf_config,
-                    self.dtype,
-                    self.device,
-                    trust_remote_code=mc.trust_remote_code,
-                    quantization=mc.quantization,
+                self.runner.replace_model(
+                    load_model(
+                        str(mc.model),
+                        self.hf_config,
+                        self.dtype,
+                        self.device,
+                        trust_remote_code=mc.trust_remote_code,
+                        quantization=mc.quantization,
+                    )
                 )
             else:
                 self.runner.model.to(self.device)

@@ -23,6 +23,7 @@ from vllite.logits_processor.interface import BatchUpdate, MoveDirectionality
 from vllite.sampling_params import SamplingType
 
 if TYPE_CHECKING:
+    from vllite.lora import LoRARequest
     from vllite.sampling_params import SamplingParams
 
 
@@ -40,6 +41,7 @@ class CachedRequestState:
     output_token_ids: list[int] = field(default_factory=list)
     # Prompt positions whose prompt logprobs were already returned (they are not returned twice).
     num_prompt_logprobs_done: int = 0
+    lora_request: LoRARequest | None = None  # the adapter its tokens run with (None: the base model)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -28,10 +28,12 @@ import torch
 from vllite.config import EngineConfig
 from vllite.exceptions import AttentionRoutingError, BatchStateError, KVCacheNotAllocatedError
 from vllite.kv_connector.base import KVConnectorBase
+from vllite.lora import LoRARequest
 from vllite.plugins.transformers_executor.attention import AttentionMetadata, forward_context, kv_layer_name
 from vllite.plugins.transformers_executor.huge_pages import zeros_on_huge_pages
 from vllite.plugins.transformers_executor.input_batch import CachedRequestState, InputBatch
 from vllite.plugins.transformers_executor.kv_connector_step import execute_with_connector
+from vllite.plugins.transformers_executor.lora import LoRAModelManager
 from vllite.plugins.transformers_executor.model_loader import ModelSpec
 from vllite.plugins.transformers_executor.prompt_logprobs import compute_prompt_logprobs, plan_prompt_logprobs
 from vllite.plugins.transformers_executor.sampler import Sampler, SamplingMetadata, draw_uniform_
@@ -97,6 +99,9 @@ class ModelRunner:
         self.sampling_inputs = SamplingInputs(
             self.input_batch, self.vocab_size, device, self.default_generator, self.logitsprocs
         )
+        self.lora: LoRAModelManager | None = None  # LoRA adapters (--enable-lora), applied inside the model
+        if config.lora_config is not None:
+            self.lora = LoRAModelManager(model, config.lora_config, device, dtype)
 
     @staticmethod
     def _output_vocab_size(model: torch.nn.Module, spec: ModelSpec) -> int:
@@ -158,6 +163,8 @@ class ModelRunner:
         spec = self.spec_decoder
         num_drafts = spec.write_drafts(batch, scheduler_output.scheduled_spec_decode_tokens, req_ids) if spec else None
         input_ids, positions, metadata = self._prepare_inputs(num_scheduled, num_drafts)
+        if self.lora is not None:
+            self._prepare_lora(self.lora, num_scheduled)
         seq_lens = batch.num_computed_tokens[:num_reqs] + num_scheduled
         samples = seq_lens >= batch.num_tokens[:num_reqs]
 
@@ -210,6 +217,27 @@ class ModelRunner:
             failed_requests=failed,
             draft_token_ids=spec.propose(batch, req_ids, samples) if spec is not None else None,
         )
+
+    def replace_model(self, model: torch.nn.Module) -> None:
+        """Runs ``model`` (the same weights reloaded after a deep sleep) from now on, with the LoRA adapters that
+        were loaded wrapped around it again."""
+        self.model = model
+        if self.lora is not None:
+            loaded = [self.lora.get_adapter(i) for i in sorted(self.lora.list_adapters())]
+            self.lora = LoRAModelManager(model, self.config.lora_config, self.device, self.dtype)  # type: ignore[arg-type]
+            for adapter in loaded:
+                if adapter is not None:
+                    self.lora.add_adapter(LoRARequest(adapter.name, adapter.int_id, adapter.path))
+
+    def _prepare_lora(self, lora: LoRAModelManager, num_scheduled: np.ndarray) -> None:
+        """Tells the LoRA layers which adapter each token of the step runs with (reloading an adapter the host
+        cache evicted since its request arrived)."""
+        ids = np.zeros(len(num_scheduled), dtype=np.int64)
+        for row, state in enumerate(self.input_batch.states[: len(num_scheduled)]):
+            if state is not None and state.lora_request is not None:
+                lora.add_adapter(state.lora_request)
+                ids[row] = state.lora_request.lora_int_id
+        lora.prepare_step(np.repeat(ids, num_scheduled))
 
     def _record_sampled(self, sampled: np.ndarray, samples: np.ndarray) -> list[list[int]]:
         """Appends each sampling row's token to its request's live output list and to the batch (rows that
@@ -291,6 +319,7 @@ class ModelRunner:
                     if previous is not None and previous.prompt_token_ids == new.prompt_token_ids
                     else 0
                 ),
+                lora_request=new.lora_request,
             )
             self.requests[new.req_id] = state
             to_add.append(state)
@@ -411,6 +440,8 @@ class ModelRunner:
         blocks = -(-num_tokens // self.block_size)
         saved = self._kv_buffer, self.kv_caches, self.kv_layers, self.kv_connector
         self.kv_connector = None  # dummy tokens: nothing to load or save
+        if self.lora is not None:
+            self.lora.clear_step()  # dummy tokens run on the base model
         try:
             self.allocate_kv_cache(blocks)
             dev = self.device
