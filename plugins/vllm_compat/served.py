@@ -55,6 +55,8 @@ SERVED_MODULES: dict[str, dict[str, str]] = {
         "SpeculativeConfig": "vllite.config:SpeculativeConfig",
         "StructuredOutputsConfig": "vllite.structured_output.params:StructuredOutputsConfig",
     },
+    "vllm.lora": {},
+    "vllm.lora.request": {"LoRARequest": "vllite.lora.request:LoRARequest"},
     "vllm.sampling_params": {
         "SamplingParams": "vllite.sampling_params:SamplingParams",
         "RequestOutputKind": "vllite.sampling_params:RequestOutputKind",
