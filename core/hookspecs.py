@@ -161,3 +161,16 @@ def vllite_step_observer(step: dict[str, Any]) -> None:
     ``prefix_hits`` (request id -> cached tokens on admission).
     Returns: nothing. Not firstresult. Hot path: once per step, never per token or per request.
     """
+@hookspec
+def vllite_register_lora_resolvers(register: Register) -> None:
+    """Contribute LoRA resolvers: ``vllite serve`` asks them for an adapter a request names that it does not serve.
+
+    When: once, at server start-up, with ``--enable-lora`` and ``VLLITE_ALLOW_RUNTIME_LORA_UPDATING=1``.
+    Receives: ``register(name, cls)``; ``cls()`` (or an instance) has ``resolve_lora(base_model_name, lora_name) ->
+    LoRARequest | None`` (sync or async, as vLLM's ``LoRAResolver``); only its ``lora_path`` is used, the server
+    gives the adapter its id and loads it. Builtin: ``filesystem`` (``$VLLITE_LORA_RESOLVER_CACHE_DIR/NAME``).
+    Returns: nothing. Not firstresult; resolvers are asked in order, builtins first. Hot path: no (a resolver runs
+    once per unknown adapter name).
+    """
+
+

@@ -65,6 +65,8 @@ COMPONENT_KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "tool_call_estimators": ("vllite_register_tool_call_estimators", ("set_up_pin",)),
     "tool_parsers": ("vllite_register_tool_parsers", ("parse",)),
     "models": ("vllite_register_models", ()),
+    "reasoning_parsers": ("vllite_register_reasoning_parsers", ("extract_reasoning", "stream")),
+    "lora_resolvers": ("vllite_register_lora_resolvers", ("resolve_lora",)),
     "commands": ("vllite_register_commands", ("run",)),
 }
 
@@ -86,10 +88,10 @@ class EntryPointInfo:
     def load(self) -> Any:
         """Imports the entry point; any failure becomes a ``PluginLoadError`` naming it."""
         vllm_compat.activate()  # plugins may `import vllm...`: served by vllite when no real vLLM is installed
-        try:
-            return self.entry_point.load()
         from vllite.plugins import vllm_compat  # a builtin adapter: imported here, not at module level
 
+        try:
+            return self.entry_point.load()
         except Exception as exc:
             raise PluginLoadError(
                 f"Failed to load {self.describe()} in group {self.group!r}: {type(exc).__name__}: {exc} "

@@ -60,7 +60,8 @@ class _VllmOnlyFlag(argparse.Action):
 
 
 def add_vllm_only_flags(parser: argparse.ArgumentParser) -> None:
-    """Registers :data:`VLLM_ONLY_FLAGS` on ``parser`` (hidden from its help; they set nothing)."""
+    """Registers :data:`VLLM_ONLY_FLAGS` on ``parser`` (hidden from its help; they set nothing), except those the
+    command implements itself (``serve``'s ``--lora-modules``)."""
     for flags, advice in VLLM_ONLY_FLAGS.items():
         parser.add_argument(
             *flags,

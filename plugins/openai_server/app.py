@@ -25,7 +25,9 @@ from vllite.plugins.openai_server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    LoadLoRAAdapterRequest,
     TokenizeRequest,
+    UnloadLoRAAdapterRequest,
 )
 from vllite.plugins.openai_server.responses import ModelCard, ModelList, encode
 from vllite.version import __version__
@@ -170,6 +172,10 @@ def _v1_router(ctx: ServerContext) -> APIRouter:
             ModelCard(id=name, root=str(ctx.model_root), max_model_len=ctx.max_model_len)
             for name in ctx.settings.served_model_names
         ]
+        cards += [
+            ModelCard(id=name, root=lora.lora_path, max_model_len=ctx.max_model_len, parent=ctx.loras.parent_of(lora))
+            for name, lora in ctx.loras.adapters.items()
+        ]
         return json_response(ModelList(data=cards))
 
     @router.post("/completions")
@@ -189,7 +195,30 @@ def _v1_router(ctx: ServerContext) -> APIRouter:
         chat = create_chat_completion(ctx, body, data_parallel_rank=rank)
         return _respond(await cancel_on_disconnect(request, chat))
 
+    if ctx.loras.runtime_updating:
+        _add_lora_routes(router, ctx)
     return router
+
+
+def _add_lora_routes(router: APIRouter, ctx: ServerContext) -> None:
+    """vLLM's runtime adapter routes (only with ``VLLITE_ALLOW_RUNTIME_LORA_UPDATING=1``)."""
+
+    @router.post("/load_lora_adapter")
+    async def load_lora_adapter(body: LoadLoRAAdapterRequest) -> Response:
+        _check_alive(ctx)
+        await ctx.loras.load(body.lora_name, body.lora_path)
+        return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
+
+    @router.post("/unload_lora_adapter")
+    async def unload_lora_adapter(body: UnloadLoRAAdapterRequest) -> Response:
+        from vllite.plugins.openai_server.lora import LoRANotFoundError
+
+        _check_alive(ctx)
+        try:
+            await ctx.loras.unload(body.lora_name)
+        except LoRANotFoundError as exc:
+            return json_response(error_response(404, str(exc), "lora_name"), 404)
+        return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
 
 
 #: vLLM's header naming the data-parallel engine a request must go to.
@@ -285,3 +314,5 @@ async def refresh_engine_gauges(ctx: ServerContext) -> None:
         return
     stats = SchedulerStats(num_running_reqs=running, num_waiting_reqs=waiting, kv_cache_usage=usage)
     ctx.metrics.record(stats, None)
+    if ctx.loras.enabled:
+        ctx.metrics.record_lora_states(ctx.loras.max_loras, *ctx.loras.request_states())

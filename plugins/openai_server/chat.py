@@ -52,7 +52,7 @@ async def create_chat_completion(
 ) -> ChatCompletionResponse | EventStream:
     """The response body, or (``stream``) its SSE events; raises ``BadRequestError`` before anything is submitted.
     ``data_parallel_rank``: the engine the ``X-data-parallel-rank`` header names."""
-    model = ctx.check_model(request.model)
+    model, lora_request = await ctx.resolve_model(request.model)
     check_common_fields(request, max_logprobs=ctx.max_logprobs)
     if request.top_logprobs is not None and not request.logprobs:
         raise BadRequestError("top_logprobs needs logprobs to be true.", param="top_logprobs")
@@ -83,7 +83,13 @@ async def create_chat_completion(
     request_id = request.request_id or random_id("chatcmpl-")
     ctx.log_prompt(request_id, prompt_ids, params)
     submitted = await submit(
-        ctx.engine, request_id, [prompt_ids], params, priority=request.priority, data_parallel_rank=data_parallel_rank
+        ctx.engine,
+        request_id,
+        [prompt_ids],
+        params,
+        priority=request.priority,
+        data_parallel_rank=data_parallel_rank,
+        lora_request=lora_request,
     )
     if request.stream:
         events = _stream(ctx, request, mode, submitted, request_id, model)

@@ -62,6 +62,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 
 def server_settings(args: argparse.Namespace, model_path: str) -> ServerSettings:
     """The server's settings, checked before any engine starts; ``ValueError`` names the bad flag."""
+    add(
+        "--lora-modules",
+        nargs="+",
+        default=None,
+        metavar="NAME=PATH",
+        help='LoRA adapters to serve (needs --enable-lora): NAME=PATH or JSON {"name", "path", "base_model_name"}.',
+    )
     from vllite.engine.tokenizer import load_chat_template
 
     if args.enable_auto_tool_choice and not args.tool_call_parser:
@@ -101,6 +108,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
     sock.set_inheritable(True)
     return sock
 
+    from vllite.plugins.openai_server.lora import parse_lora_modules
+
+    lora_modules = parse_lora_modules(args.lora_modules, enable_lora=args.enable_lora, served_model_names=names)
 
 def run_server(args: argparse.Namespace) -> int:
     """Runs ``vllite serve`` until a signal stops it; returns the exit code."""
@@ -112,6 +122,7 @@ def run_server(args: argparse.Namespace) -> int:
         raise ValueError(f"Two models given: {args.model_tag!r} and --model {args.model!r}; give one.")
     if args.model_tag:
         args.model = args.model_tag
+        lora_modules=lora_modules,
     model_path = str(args.model or default_model_path())
     settings = server_settings(args, model_path if args.model else "vllite-demo")
     engine_args = EngineArgs.from_cli_args(args)
@@ -208,6 +219,7 @@ def _graceful_server(config: Any, ctx: ServerContext, grace_s: float) -> Any:
             first = not self.should_exit
             super().handle_exit(sig, frame)
             # uvicorn re-raises captured signals once it has stopped, which would kill this process before the
+    await ctx.loras.load_static(ctx.settings.lora_modules)  # a bad adapter stops the start-up, naming it
             # engine is shut down; the shutdown is handled here, so the process exits normally instead.
             self._captured_signals.clear()
             if first:

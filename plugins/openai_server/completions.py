@@ -49,7 +49,7 @@ async def create_completion(
 ) -> CompletionResponse | EventStream:
     """The response body, or (``stream``) an iterator of SSE events; raises ``BadRequestError`` before submitting.
     ``data_parallel_rank``: the engine the ``X-data-parallel-rank`` header names."""
-    model = ctx.check_model(request.model)
+    model, lora_request = await ctx.resolve_model(request.model)
     check_common_fields(request, max_logprobs=ctx.max_logprobs)
     if request.best_of is not None and request.best_of != request.n:
         raise BadRequestError(
@@ -79,7 +79,13 @@ async def create_completion(
     )
     ctx.log_prompt(request_id, prompts, params)
     submitted = await submit(
-        ctx.engine, request_id, engine_prompts, params, priority=request.priority, data_parallel_rank=data_parallel_rank
+        ctx.engine,
+        request_id,
+        engine_prompts,
+        params,
+        priority=request.priority,
+        data_parallel_rank=data_parallel_rank,
+        lora_request=lora_request,
     )
     if request.stream:
         return EventStream(_stream(ctx, request, submitted, request_id, model), submitted.abort_unfinished)

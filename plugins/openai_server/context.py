@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllite.exceptions import ModelNotFoundError
+from vllite.lora import LoRARequest
+from vllite.plugins.openai_server.lora import LoRAModule, ServedLoRAs
 
 logger = logging.getLogger("vllite.server")
 
@@ -25,6 +27,7 @@ class ServerSettings:
     log_requests: bool = False
 
 
+    lora_modules: tuple[LoRAModule, ...] = ()  # --lora-modules, loaded when the server starts
 class ServerContext:
     """The engine behind the routes and the facts they share: tokenizer, limits, defaults, tool parser, metrics.
 
@@ -46,15 +49,26 @@ class ServerContext:
 
     @property
     def model_name(self) -> str:
+        self.reasoning_parser_class = resolve_reasoning_parser(settings.reasoning_parser)
+        self.loras = ServedLoRAs.for_engine(engine, settings.served_model_names, str(self.model_root))
         """The first served name: what responses report."""
         return self.settings.served_model_names[0]
 
     def check_model(self, name: str | None) -> str:
-        """The served name a request asks for (its own, or the default when it names none); 404 listing the served
-        names for another."""
-        if name is None or name in self.settings.served_model_names:
+        """The served name a request asks for (its own, or the default when it names none): a base model's or a
+        LoRA adapter's; 404 listing the served names for another. A generating route uses :meth:`resolve_model`."""
+        if name is None or name in self.settings.served_model_names or name in self.loras:
             return name or self.model_name
-        raise ModelNotFoundError(name, self.settings.served_model_names)
+        raise ModelNotFoundError(name, (*self.settings.served_model_names, *self.loras.names()))
+
+    async def resolve_model(self, name: str | None) -> tuple[str, LoRARequest | None]:
+        """:meth:`check_model` for a generating route: the served name, and the adapter it names (``None``: the
+        base model). With runtime LoRA updates on, a name not served yet is offered to the LoRA resolvers first."""
+        if name is not None and name not in self.settings.served_model_names:
+            adapter = await self.loras.resolve(name)
+            if adapter is not None:
+                return name, adapter
+        return self.check_model(name), None
 
     def log_prompt(self, request_id: str, prompt: Any, params: Any) -> None:
         """Logs an accepted request, its prompt cut to ``--max-log-len`` characters (a text) or tokens (token ids);

@@ -119,6 +119,8 @@ class PrometheusStatLogger:
         )
         self._engines: dict[int, _EngineMetrics] = {}
         self._engine(0)  # engine 0's series show (at zero) before the first request
+        self._lora_info: Gauge | None = None  # vllite:lora_requests_info, made by the first record_lora_states()
+        self._lora_labels: tuple[str, str, str] | None = None
 
     def record(
         self,
@@ -155,6 +157,24 @@ class PrometheusStatLogger:
             m.tpot.observe(finished.mean_time_per_output_token)
             m.prompt_tokens_hist.observe(finished.num_prompt_tokens)
             m.generation_tokens_hist.observe(finished.num_generation_tokens)
+
+    def record_lora_states(self, max_loras: int, waiting: list[str], running: list[str]) -> None:
+        """Sets vLLM's ``lora_requests_info`` gauge: labels ``max_lora``, ``waiting_lora_adapters`` and
+        ``running_lora_adapters`` (the adapters of the requests waiting and running, comma-joined), value the
+        current time. Only the latest label set is kept (vLLM keeps every one seen, each at the time it was last
+        current; the newest is the same)."""
+        if self._lora_info is None:
+            self._lora_info = Gauge(
+                "vllite:lora_requests_info",
+                "Running stats on lora requests.",
+                ["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+                registry=self.registry,
+            )
+        labels = (str(max_loras), ",".join(waiting), ",".join(running))
+        if self._lora_labels is not None and self._lora_labels != labels:
+            self._lora_info.remove(*self._lora_labels)
+        self._lora_labels = labels
+        self._lora_info.labels(*labels).set_to_current_time()
 
     def render(self) -> tuple[bytes, str]:
         """The Prometheus text exposition of this logger's registry, and its content type."""

@@ -1,5 +1,5 @@
-"""Registers ``vllite serve`` and ``vllite disagg-proxy``. Only this module loads at start-up; FastAPI, uvicorn and
-the engine are imported when a command runs."""
+"""Registers ``vllite serve``, ``vllite disagg-proxy`` and the ``filesystem`` LoRA resolver. Only this module loads
+at start-up; FastAPI, uvicorn and the engine are imported when a command runs."""
 
 from __future__ import annotations
 
@@ -45,3 +45,9 @@ def vllite_register_commands(register: Register) -> None:
     """Registers ``serve`` and ``disagg-proxy``."""
     register("serve", _LazyServeCommand())
     register("disagg-proxy", _LazyProxyCommand())
+
+
+@hookimpl
+def vllite_register_lora_resolvers(register: Register) -> None:
+    """Registers the ``filesystem`` LoRA resolver (``$VLLITE_LORA_RESOLVER_CACHE_DIR/NAME``), imported when used."""
+    register("filesystem", "vllite.plugins.openai_server.lora:FilesystemResolver")

@@ -194,3 +194,17 @@ class DetokenizeRequest(RequestModel):
 
     model: str | None = None
     tokens: list[int]
+
+
+class LoadLoRAAdapterRequest(RequestModel):
+    """``POST /v1/load_lora_adapter`` (vLLM's; with ``VLLITE_ALLOW_RUNTIME_LORA_UPDATING=1``)."""
+
+    lora_name: str
+    lora_path: str
+
+
+class UnloadLoRAAdapterRequest(RequestModel):
+    """``POST /v1/unload_lora_adapter`` (vLLM's; ``lora_int_id`` is accepted and ignored: the name decides)."""
+
+    lora_name: str
+    lora_int_id: int | None = None

@@ -163,6 +163,7 @@ class ModelCard(Response):
 
 class ModelList(Response):
     data: list[ModelCard]
+    parent: str | None = None  # a LoRA adapter's base model
     object: str = "list"
 
 

@@ -81,15 +81,22 @@ async def submit(
     *,
     priority: int = 0,
     data_parallel_rank: int | None = None,
+    lora_request: Any = None,
 ) -> Submitted:
     """Submits each prompt as ``{request_id}-{index}`` (to the data-parallel engine ``data_parallel_rank`` when
-    given); raises :class:`BadRequestError` (nothing left running) when the engine's frontend rejects one."""
+    given, with the LoRA adapter ``lora_request`` when given); raises :class:`BadRequestError` (nothing left
+    running) when the engine's frontend rejects one."""
     submitted: list[tuple[str, Any]] = []
     try:
         for index, prompt in enumerate(prompts):
             prompt_id = f"{request_id}-{index}"
             queue = await engine.add_request(
-                prompt_id, prompt, params, priority=priority, data_parallel_rank=data_parallel_rank
+                prompt_id,
+                prompt,
+                params,
+                priority=priority,
+                data_parallel_rank=data_parallel_rank,
+                lora_request=lora_request,
             )
             submitted.append((prompt_id, queue))
     except BaseException as exc:
