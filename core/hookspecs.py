@@ -129,6 +129,19 @@ def vllite_register_tool_parsers(register: Register) -> None:
 
 
 @hookspec
+def vllite_register_reasoning_parsers(register: Register) -> None:
+    """Contribute reasoning parsers, selectable with ``vllite serve --reasoning-parser NAME`` (vLLM's names).
+
+    When: once, when the server checks its flags (the frontend process only).
+    Receives: ``register(name, cls)``; ``cls(thinking=..., prompt_open=...)`` has ``extract_reasoning(text) ->
+    (reasoning, content)`` and ``stream()``, whose ``feed(delta) -> (reasoning_delta, content_delta)`` and
+    ``finish()`` agree with it however the text is split, and ``start_marker``/``end_marker`` (the thinking budget
+    and structured outputs use them); see ``vllite.plugins.reasoning.base``.
+    Returns: nothing. Not firstresult. Hot path: no (a stream's ``feed`` runs once per streamed delta).
+    """
+
+
+@hookspec
 def vllite_register_models(register: Register) -> None:
     """Contribute model classes for architectures transformers lacks.
 
@@ -151,17 +164,6 @@ def vllite_register_commands(register: Register) -> None:
 
 
 @hookspec
-def vllite_step_observer(step: dict[str, Any]) -> None:
-    """Observe one engine step (tracing, metrics).
-
-    When: after each engine step's scheduling decision, only if at least one plugin implements this hook
-    (otherwise the engine never builds the ``step`` record, so it costs nothing).
-    Receives: a dict with ``step`` (counter), ``time``, ``num_waiting``, ``num_running``, ``free_blocks``,
-    ``cached_blocks``, ``new``/``resumed``/``running``/``preempted`` (request id -> scheduled tokens) and
-    ``prefix_hits`` (request id -> cached tokens on admission).
-    Returns: nothing. Not firstresult. Hot path: once per step, never per token or per request.
-    """
-@hookspec
 def vllite_register_lora_resolvers(register: Register) -> None:
     """Contribute LoRA resolvers: ``vllite serve`` asks them for an adapter a request names that it does not serve.
 
@@ -174,3 +176,14 @@ def vllite_register_lora_resolvers(register: Register) -> None:
     """
 
 
+@hookspec
+def vllite_step_observer(step: dict[str, Any]) -> None:
+    """Observe one engine step (tracing, metrics).
+
+    When: after each engine step's scheduling decision, only if at least one plugin implements this hook
+    (otherwise the engine never builds the ``step`` record, so it costs nothing).
+    Receives: a dict with ``step`` (counter), ``time``, ``num_waiting``, ``num_running``, ``free_blocks``,
+    ``cached_blocks``, ``new``/``resumed``/``running``/``preempted`` (request id -> scheduled tokens) and
+    ``prefix_hits`` (request id -> cached tokens on admission).
+    Returns: nothing. Not firstresult. Hot path: once per step, never per token or per request.
+    """

@@ -48,6 +48,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "vllite.plugins.engine_proc.plugin",
     "vllite.plugins.ray_dp.plugin",
     "vllite.plugins.openai_server.plugin",
+    "vllite.plugins.reasoning.plugin",
     "vllite.plugins.commands.plugin",
 )
 
@@ -64,9 +65,9 @@ COMPONENT_KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "structured_output_backends": ("vllite_register_structured_output_backends", ("validate", "compile")),
     "tool_call_estimators": ("vllite_register_tool_call_estimators", ("set_up_pin",)),
     "tool_parsers": ("vllite_register_tool_parsers", ("parse",)),
-    "models": ("vllite_register_models", ()),
     "reasoning_parsers": ("vllite_register_reasoning_parsers", ("extract_reasoning", "stream")),
     "lora_resolvers": ("vllite_register_lora_resolvers", ("resolve_lora",)),
+    "models": ("vllite_register_models", ()),
     "commands": ("vllite_register_commands", ("run",)),
 }
 
@@ -87,9 +88,9 @@ class EntryPointInfo:
 
     def load(self) -> Any:
         """Imports the entry point; any failure becomes a ``PluginLoadError`` naming it."""
-        vllm_compat.activate()  # plugins may `import vllm...`: served by vllite when no real vLLM is installed
         from vllite.plugins import vllm_compat  # a builtin adapter: imported here, not at module level
 
+        vllm_compat.activate()  # plugins may `import vllm...`: served by vllite when no real vLLM is installed
         try:
             return self.entry_point.load()
         except Exception as exc:

@@ -6,7 +6,8 @@ KV-aware token budget) that these policies subclass. The folder is ``schedulers/
 
 Policies: ``fcfs``, ``priority`` and ``continuum`` (with ``continuum_queue`` and ``continuum_turns``), small
 subclasses of ``vllite.sched.Scheduler`` that override narrow decisions; Continuum's tool-call estimators
-(``estimators``) and parsers (``tool_parsers``); the step tracer (``trace``); the simulated executor
+(``estimators``) and parsers (``tool_parsers``, the families' ``tool_parsers_*`` under vLLM's names in
+``tool_parser_families``, their shared ``tool_parser_base``); the step tracer (``trace``); the simulated executor
 (``sim_executor``) and the agent-trace replay behind ``vllite bench agent`` (``traces``, ``agent_bench``,
 ``agent_report``). Registration: ``builtin``, ``continuum_plugin``, ``trace`` and ``bench_plugin``, which import
 their classes inside the register hooks so start-up stays light. Layering: imports the kernel (``vllite.sched``,

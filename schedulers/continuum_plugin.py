@@ -21,8 +21,11 @@ def vllite_register_tool_call_estimators(register: Register) -> None:
 
 @hookimpl
 def vllite_register_tool_parsers(register: Register) -> None:
-    """Registers ``auto``, ``bash``, ``openai``, ``hermes`` and ``llama``."""
+    """Registers ``auto``, ``bash``, ``hermes`` and ``llama``, and vLLM's family names (``openai``, ``mistral``,
+    ``llama3_json``, ``qwen3_coder``, ... see ``tool_parser_families``)."""
+    from vllite.policies.tool_parser_families import FAMILY_PARSERS
     from vllite.policies.tool_parsers import PARSERS
 
-    for name, cls in PARSERS.items():
-        register(name, cls)
+    components: dict[str, object] = {**PARSERS, **FAMILY_PARSERS}
+    for name, component in components.items():
+        register(name, component)

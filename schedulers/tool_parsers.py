@@ -20,9 +20,9 @@ their text stays in the content. The Continuum scheduler only parses when the cl
 
 from __future__ import annotations
 
-import abc
 import json
 import re
+from typing import Any
 
 from vllite.policies.tool_call_extraction import (
     AdvancingToolCallStream,
@@ -34,6 +34,13 @@ from vllite.policies.tool_call_extraction import (
     pythonic_calls,
 )
 from vllite.policies.tool_call_scanners import JSONPrefix, PythonicHead
+from vllite.policies.tool_parser_base import (
+    MULTI_TOOL,
+    BlockStream,
+    MarkerStream,
+    ToolParserBase,
+    extract_blocks,
+)
 
 __all__ = [
     "MAX_TEXT_CHARS",
@@ -49,7 +56,6 @@ __all__ = [
     "ToolCallStream",
 ]
 
-MULTI_TOOL = "multi_tool"
 MAX_TEXT_CHARS = 200_000  # ``AutoParser.parse`` skips longer texts (a turn that long is not a tool call worth timing)
 
 _BASH_BLOCK = re.compile(r"```bash\s*\n(.*?)\n```", re.DOTALL)
@@ -63,70 +69,7 @@ _NON_SPACE = re.compile(r"\S")
 _DECODER = json.JSONDecoder()
 
 
-def _combine(names: list[str]) -> str | None:
-    distinct = list(dict.fromkeys(n for n in names if n))
-    if not distinct:
-        return None
-    return distinct[0] if len(distinct) == 1 else MULTI_TOOL
-
-
-def _partial_suffix(text: str, marker: str, lo: int) -> int:
-    """The length of the longest proper prefix of ``marker`` that ``text`` ends with, starting at ``lo`` or later."""
-    for k in range(min(len(marker) - 1, len(text) - lo), 0, -1):
-        if text.endswith(marker[:k]):
-            return k
-    return 0
-
-
-class _Parser(abc.ABC):
-    """What every parser shares: ``parse`` names the calls ``extract`` finds."""
-
-    def parse(self, text: str) -> str | None:
-        """The tool the turn calls: its name, ``"multi_tool"`` for calls of different tools, None for no call."""
-        return self._tool_name(self.extract(text).calls)
-
-    @abc.abstractmethod
-    def extract(self, text: str) -> ExtractedToolCalls:
-        """The turn's calls and the content outside them; never raises on malformed text."""
-
-    @abc.abstractmethod
-    def stream(self) -> ToolCallStream:
-        """A fresh streaming extractor for one turn (see ``ToolCallStream`` for its promise)."""
-
-    def _tool_name(self, calls: list[ToolCall]) -> str | None:
-        return _combine([call.name for call in calls])
-
-
-class _MarkerStream(AdvancingToolCallStream):
-    """Sends the text before the first ``marker`` (holding back a partial one at the end), then holds back the rest:
-    for formats whose calls can only start at the marker and whose fate is known only at the end of the turn."""
-
-    def __init__(self, parser: _Parser, marker: str) -> None:
-        super().__init__(parser.extract)
-        self._marker = marker
-        self._pos = 0  # the text before this is sent (or held as trailing whitespace)
-        self._scan = 0  # where the search for the marker resumes
-        self._marker_at: int | None = None
-
-    def _find_marker(self) -> int | None:
-        if self._marker_at is None:
-            at = self.text.find(self._marker, self._scan)
-            if at >= 0:
-                self._marker_at = at
-            else:
-                self._scan = max(self._scan, len(self.text) - len(self._marker) + 1)
-        return self._marker_at
-
-    def _advance(self) -> str:
-        text, at = self.text, self._find_marker()
-        if at is None:
-            at = len(text) - _partial_suffix(text, self._marker, self._pos)
-        certain = text[self._pos : at]
-        self._pos = max(self._pos, at)
-        return certain
-
-
-class BashParser(_Parser):
+class BashParser(ToolParserBase):
     """mini-swe-agent's convention (the released fork's only parser): exactly one bash block is a ``bash`` call
     with ``{"command": <the block's stripped body>}``; ``parse`` names the command's first word."""
 
@@ -143,14 +86,14 @@ class BashParser(_Parser):
 
     def stream(self) -> ToolCallStream:
         """Sends the text before the first ```` ```bash ````, then holds the rest back to the end of the turn."""
-        return _MarkerStream(self, _BASH_MARK)
+        return MarkerStream(self, _BASH_MARK)
 
     def _tool_name(self, calls: list[ToolCall]) -> str | None:
         words = json.loads(calls[0].arguments)["command"].split() if calls else []
         return words[0] if words else None
 
 
-class OpenAIJSONParser(_Parser):
+class OpenAIJSONParser(ToolParserBase):
     """OpenAI-style JSON function calls: the whole text as one JSON value, else every JSON value in it that is a
     call (left to right; a value that is not a call may hold one)."""
 
@@ -223,29 +166,17 @@ class _OpenAIStream(AdvancingToolCallStream):
         return certain
 
 
-class HermesParser(_Parser):
+class HermesParser(ToolParserBase):
     """Hermes / Qwen ``<tool_call>{json}</tool_call>`` blocks; a block that is not a call stays in the content."""
 
     def extract(self, text: str) -> ExtractedToolCalls:
         """The calls of the well-formed blocks and the text outside them."""
-        pieces: list[str] = []
-        calls, pos = [], 0
-        while (start := text.find(_HERMES_OPEN, pos)) >= 0:
-            end = text.find(_HERMES_CLOSE, start + len(_HERMES_OPEN))
-            if end < 0:
-                break
-            stop = end + len(_HERMES_CLOSE)
-            block_calls = _hermes_calls(text[start + len(_HERMES_OPEN) : end])
-            pieces.append(text[pos:start] if block_calls else text[pos:stop])
-            calls.extend(block_calls)
-            pos = stop
-        pieces.append(text[pos:])
-        return extracted("".join(pieces), calls)
+        return extract_blocks(text, _HERMES_OPEN, _HERMES_CLOSE, _hermes_calls)
 
     def stream(self) -> ToolCallStream:
         """Sends text outside blocks as it comes, holding back from each ``<tool_call>`` (or a partial one at the
         end) until its ``</tool_call>``: a call is then dropped, anything else sent."""
-        return _HermesStream(self)
+        return BlockStream(self.extract, _HERMES_OPEN, _HERMES_CLOSE, _hermes_calls)
 
 
 def _hermes_calls(body: str) -> list[ToolCall]:
@@ -255,39 +186,7 @@ def _hermes_calls(body: str) -> list[ToolCall]:
         return []
 
 
-class _HermesStream(AdvancingToolCallStream):
-    def __init__(self, parser: HermesParser) -> None:
-        super().__init__(parser.extract)
-        self.has_call = False  # a well-formed block was read: the turn has a call whatever follows
-        self._pos = 0  # the text before this is settled
-        self._block: int | None = None  # where the open block starts
-
-    def _advance(self) -> str:
-        text, certain = self.text, []
-        while True:
-            if self._block is None:
-                start = text.find(_HERMES_OPEN, self._pos)
-                if start < 0:
-                    safe = len(text) - _partial_suffix(text, _HERMES_OPEN, self._pos)
-                    certain.append(text[self._pos : safe])
-                    self._pos = safe
-                    break
-                certain.append(text[self._pos : start])
-                self._block, self._pos = start, start + len(_HERMES_OPEN)
-            end = text.find(_HERMES_CLOSE, self._pos)
-            if end < 0:
-                self._pos = max(self._pos, len(text) - len(_HERMES_CLOSE) + 1)
-                break
-            stop = end + len(_HERMES_CLOSE)
-            if _hermes_calls(text[self._block + len(_HERMES_OPEN) : end]):
-                self.has_call = True
-            else:
-                certain.append(text[self._block : stop])
-            self._block, self._pos = None, stop
-        return "".join(certain)
-
-
-class LlamaPythonicParser(_Parser):
+class LlamaPythonicParser(ToolParserBase):
     """Llama 3.2+ pythonic calls: the text (after an optional ``<|python_tag|>``) is ``f(a=1)`` or a list of such
     calls, keyword arguments with literal values only (they become the JSON arguments)."""
 
@@ -305,7 +204,7 @@ class LlamaPythonicParser(_Parser):
         return _LlamaStream(self)
 
 
-class _LlamaStream(_MarkerStream):
+class _LlamaStream(MarkerStream):
     def __init__(self, parser: LlamaPythonicParser) -> None:
         super().__init__(parser, _PYTHON_TAG)
         self._head: PythonicHead | None = None
@@ -334,14 +233,20 @@ class _LlamaStream(_MarkerStream):
         return self._head_end > 0 and not text[self._head_end :].strip()
 
 
-class AutoParser(_Parser):
+class AutoParser(ToolParserBase):
     """Tries hermes, openai, llama and bash in turn; the first that finds a call wins."""
 
-    def __init__(self) -> None:
-        self.parsers: tuple[_Parser, ...] = (HermesParser(), OpenAIJSONParser(), LlamaPythonicParser(), BashParser())
+    def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(tools)
+        self.parsers: tuple[ToolParserBase, ...] = (
+            HermesParser(),
+            OpenAIJSONParser(),
+            LlamaPythonicParser(),
+            BashParser(),
+        )
 
     def parse(self, text: str) -> str | None:
-        """As ``_Parser.parse``, by the winning parser's rule (bash names the command); None beyond
+        """As ``ToolParserBase.parse``, by the winning parser's rule (bash names the command); None beyond
         ``MAX_TEXT_CHARS``."""
         if not text or len(text) > MAX_TEXT_CHARS:
             return None
@@ -375,7 +280,7 @@ class _AutoStream(ToolCallStream):
             stream.feed(delta)
         hermes = self._streams[0]
         lead: ToolCallStream
-        if isinstance(hermes, _HermesStream) and hermes.has_call:
+        if isinstance(hermes, BlockStream) and hermes.has_call:
             lead = hermes
         else:
             lead = min(self._streams, key=lambda stream: len(stream.sent))
@@ -384,7 +289,7 @@ class _AutoStream(ToolCallStream):
         return new
 
 
-PARSERS: dict[str, type[_Parser]] = {
+PARSERS: dict[str, type[ToolParserBase]] = {
     "auto": AutoParser,
     "bash": BashParser,
     "openai": OpenAIJSONParser,

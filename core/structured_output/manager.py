@@ -38,6 +38,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: ``SamplingParams.extra_args`` key: the token ids that end a reasoning section; the grammar applies after them.
+REASONING_END_KEY = "reasoning_end_token_ids"
+
 
 class StructuredOutputManager:
     """Compiles constrained requests' grammars and builds each step's bitmask (see the module docstring)."""
@@ -122,7 +125,8 @@ class StructuredOutputManager:
             params = params.with_defaults(self.so_config)
         name = params.backend or candidate_backends(params, self.so_config)[0]
         future = self.compiled_grammar(name, params.spec())
-        request.structured_output_request = StructuredOutputRequest(params, name, future)
+        end = (request.sampling_params.extra_args or {}).get(REASONING_END_KEY)
+        request.structured_output_request = StructuredOutputRequest(params, name, future, end)
         request.status = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
         self.compiling[request.request_id] = request
 
@@ -175,7 +179,10 @@ class StructuredOutputManager:
             request = requests.get(req_id)
             if request is None or request.structured_output_request is None or request.is_prefill_chunk:
                 continue
-            if request.structured_output_request.grammar is not None:
+            if (
+                request.structured_output_request.grammar is not None
+                and not request.structured_output_request.reasoning_end
+            ):
                 chosen.append((req_id, request.structured_output_request, spec_tokens.get(req_id) or []))
         if not chosen:
             return
@@ -263,6 +270,9 @@ def advance_grammar(request: Request, token_ids: list[int]) -> None:
     grammar = so_request.grammar if so_request is not None else None
     if grammar is None or not token_ids:
         return
+    token_ids = so_request.tokens_after_reasoning(token_ids) if so_request is not None else token_ids
+    if not token_ids:
+        return
     if not grammar.accept_tokens(token_ids):
         if not request.is_finished():
             request.status = RequestStatus.FINISHED_ERROR
@@ -279,6 +289,6 @@ def advance_grammar(request: Request, token_ids: list[int]) -> None:
 def filter_drafts(request: Request, token_ids: list[int]) -> list[int]:
     """Draft tokens of a constrained request cut at the first one its grammar refuses (unchanged otherwise)."""
     so_request = request.structured_output_request
-    if so_request is None or so_request.grammar is None or not token_ids:
+    if so_request is None or so_request.grammar is None or not token_ids or so_request.reasoning_end:
         return token_ids
     return so_request.grammar.validate_tokens(list(token_ids))

@@ -19,15 +19,38 @@ class StructuredOutputRequest:
     (:meth:`make_grammar`), and advanced by ``update_from_output`` with every accepted token.
     """
 
-    def __init__(self, params: StructuredOutputsParams, backend_name: str, compiled: Future) -> None:
+    def __init__(
+        self,
+        params: StructuredOutputsParams,
+        backend_name: str,
+        compiled: Future,
+        reasoning_end: list[int] | None = None,
+    ) -> None:
         self.params = params
         self.backend_name = backend_name
         self.compiled = compiled
         self.grammar: StructuredOutputGrammar | None = None
+        # While set, the reply is still reasoning: the grammar starts after these token ids (vLLM's reasoning-aware
+        # structured outputs); cleared once they were generated.
+        self.reasoning_end = list(reasoning_end or [])
+        self._recent: list[int] = []
 
     def is_compiled(self) -> bool:
         """Whether the compilation finished (with a grammar or an error)."""
         return self.compiled.done()
+
+    def tokens_after_reasoning(self, token_ids: list[int]) -> list[int]:
+        """The accepted ``token_ids`` the grammar must take: all of them once the reasoning ended, else those after
+        its end marker (none while it goes on)."""
+        if not self.reasoning_end:
+            return token_ids
+        marker = self.reasoning_end
+        for index, token_id in enumerate(token_ids):
+            self._recent = [*self._recent[1 - len(marker) :], token_id] if len(marker) > 1 else [token_id]
+            if self._recent == marker:
+                self.reasoning_end = []
+                return list(token_ids[index + 1 :])
+        return []
 
     def make_grammar(self, backend: StructuredOutputBackend) -> StructuredOutputGrammar:
         """This request's matcher (made once); re-raises the compilation's error."""

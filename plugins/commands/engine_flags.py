@@ -63,6 +63,8 @@ def add_vllm_only_flags(parser: argparse.ArgumentParser) -> None:
     """Registers :data:`VLLM_ONLY_FLAGS` on ``parser`` (hidden from its help; they set nothing), except those the
     command implements itself (``serve``'s ``--lora-modules``)."""
     for flags, advice in VLLM_ONLY_FLAGS.items():
+        if any(flag in parser._option_string_actions for flag in flags):
+            continue
         parser.add_argument(
             *flags,
             action=_VllmOnlyFlag,

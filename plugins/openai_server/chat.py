@@ -12,7 +12,8 @@ Tool calling, by ``tool_choice``:
   streamed as argument deltas.
 
 ``response_format`` (``json_object``, ``json_schema``) and vLLM's ``structured_outputs`` constrain the reply too
-(:mod:`vllite.plugins.openai_server.structured`).
+(:mod:`vllite.plugins.openai_server.structured`). With ``--reasoning-parser``, the reply's reasoning is split off
+first (:mod:`vllite.plugins.openai_server.reasoning`): tool calls and constraints apply to the content after it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from vllite.plugins.openai_server.errors import check_sample, error_event
 from vllite.plugins.openai_server.event_stream import EventStream
 from vllite.plugins.openai_server.logprobs import chat_logprobs
 from vllite.plugins.openai_server.protocol import ChatCompletionRequest, random_id
+from vllite.plugins.openai_server.reasoning import ReasoningMode
 from vllite.plugins.openai_server.responses import (
     SSE_DONE,
     AssistantMessage,
@@ -67,12 +69,16 @@ async def create_chat_completion(
         chat_template=request.chat_template,
         chat_template_kwargs=request.chat_template_kwargs,
     )
+    reasoning = ReasoningMode.for_request(ctx, request, prompt_ids)
+    if mode.skip_special_tokens is False or reasoning.skip_special_tokens is False:
+        request.skip_special_tokens = False  # the parser reads markers that are special tokens (vLLM does the same)
     max_tokens_field = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
     max_tokens = getattr(request, max_tokens_field)
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
     params = build_sampling_params(
         request, ctx.model_defaults, max_tokens=max_tokens, logprobs=logprobs, structured_outputs=constraint
     )
+    reasoning.apply(ctx, params, request.thinking_token_budget, constrained=constraint is not None)
     check_max_tokens(
         max_tokens,
         [len(prompt_ids)],
@@ -92,15 +98,16 @@ async def create_chat_completion(
         lora_request=lora_request,
     )
     if request.stream:
-        events = _stream(ctx, request, mode, submitted, request_id, model)
+        events = _stream(ctx, request, mode, reasoning, submitted, request_id, model)
         return EventStream(events, submitted.abort_unfinished)
-    return await _collect(ctx, request, mode, submitted, request_id, model, prompt_ids)
+    return await _collect(ctx, request, mode, reasoning, submitted, request_id, model, prompt_ids)
 
 
 async def _collect(
     ctx: ServerContext,
     request: ChatCompletionRequest,
     mode: ToolMode,
+    reasoning: ReasoningMode,
     submitted: Submitted,
     request_id: str,
     model: str,
@@ -118,12 +125,17 @@ async def _collect(
     for sample in final.outputs:
         check_sample(sample)
         completion_tokens += len(sample.token_ids)
-        content, calls = mode.extract(sample.text)
+        thought, answer = reasoning.split(sample.text)
+        content, calls = mode.extract(answer)
+        if reasoning.active and not content:
+            content = None
         finish_reason = mode.finish_reason(sample.finish_reason, calls)
         choices.append(
             ChatChoice(
                 index=sample.index,
-                message=AssistantMessage(content=content, tool_calls=calls),
+                message=AssistantMessage(
+                    content=content, tool_calls=calls, reasoning_content=thought, reasoning=thought
+                ),
                 logprobs=_logprobs(ctx, request, sample),
                 finish_reason=finish_reason,
                 stop_reason=sample.stop_reason,
@@ -153,13 +165,14 @@ async def _stream(
     ctx: ServerContext,
     request: ChatCompletionRequest,
     mode: ToolMode,
+    reasoning: ReasoningMode,
     submitted: Submitted,
     request_id: str,
     model: str,
 ) -> AsyncIterator[bytes]:
     include_usage = request.stream_options is not None and request.stream_options.include_usage
     continuous = include_usage and request.stream_options is not None and request.stream_options.continuous_usage_stats
-    extractors = [mode.stream() for _ in range(request.n)]
+    extractors = [reasoning.wrap(mode.stream()) for _ in range(request.n)]
     prompt_tokens = completion_tokens = 0
 
     def chunk(choices: list[ChatStreamChoice]) -> bytes:

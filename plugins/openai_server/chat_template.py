@@ -3,7 +3,7 @@
 The template is, in order: the request's ``chat_template`` (only with ``--trust-request-chat-template``), the
 server's ``--chat-template``, the tokenizer's own. Text content parts are joined; other parts (images, audio)
 are refused. An assistant message's ``tool_calls`` reach the template with their arguments as a dict, as
-Hugging Face templates expect them.
+Hugging Face templates expect them, and its ``reasoning_content`` (or ``reasoning``) as ``reasoning_content``.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ def message_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
             item["name"] = message.name
         if message.tool_call_id is not None:
             item["tool_call_id"] = message.tool_call_id
+        reasoning = message.reasoning_content if message.reasoning_content is not None else message.reasoning
+        if reasoning is not None:
+            item["reasoning_content"] = reasoning  # what reasoning models' templates read (Qwen3, DeepSeek)
         if message.tool_calls:
             item["tool_calls"] = [
                 {

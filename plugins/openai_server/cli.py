@@ -39,13 +39,36 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="Let requests bring their own chat_template (off: such requests get 400).",
     )
-    add("--tool-call-parser", default=None, help="Tool-call parser for tool_choice auto/required (hermes, llama, ...).")
+    add(
+        "--tool-call-parser",
+        default=None,
+        help="Tool-call parser for tool_choice auto (vLLM's names: hermes, qwen3_coder, mistral, llama3_json, ...).",
+    )
+    add(
+        "--tool-parser-plugin",
+        action="append",
+        default=None,
+        metavar="FILE",
+        help="A Python file whose vllite hooks register tool (or reasoning) parsers; may be repeated.",
+    )
+    add(
+        "--reasoning-parser",
+        default=None,
+        help="Split replies into reasoning_content and content (vLLM's names: deepseek_r1, qwen3, granite, ...).",
+    )
     add(
         "--enable-auto-tool-choice",
         action="store_true",
         help="Accepted for vLLM compatibility; --tool-call-parser alone enables tool_choice='auto'.",
     )
     add("--enable-log-requests", action="store_true", help="Log every request's prompt and parameters.")
+    add(
+        "--lora-modules",
+        nargs="+",
+        default=None,
+        metavar="NAME=PATH",
+        help='LoRA adapters to serve (needs --enable-lora): NAME=PATH or JSON {"name", "path", "base_model_name"}.',
+    )
     add("--max-log-len", type=int, default=None, help="Characters or tokens of a prompt to log (default: all).")
     add("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug", "trace"])
     add("--disable-uvicorn-access-log", action="store_true", help="Do not log one line per HTTP request.")
@@ -62,26 +85,32 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 
 def server_settings(args: argparse.Namespace, model_path: str) -> ServerSettings:
     """The server's settings, checked before any engine starts; ``ValueError`` names the bad flag."""
-    add(
-        "--lora-modules",
-        nargs="+",
-        default=None,
-        metavar="NAME=PATH",
-        help='LoRA adapters to serve (needs --enable-lora): NAME=PATH or JSON {"name", "path", "base_model_name"}.',
-    )
     from vllite.engine.tokenizer import load_chat_template
 
     if args.enable_auto_tool_choice and not args.tool_call_parser:
         raise ValueError("--enable-auto-tool-choice needs --tool-call-parser NAME.")
+    plugins = tuple(args.tool_parser_plugin or ())
+    if plugins:
+        from vllite.plugins.openai_server.parser_plugins import load_parser_plugin
+
+        for path in plugins:
+            load_parser_plugin(path)  # a file that fails to import stops here, naming it
     if args.tool_call_parser:
         from vllite.plugins.openai_server.context import resolve_tool_parser
 
         resolve_tool_parser(args.tool_call_parser)  # an unknown or name-only parser fails here, before the engine
+    if args.reasoning_parser:
+        from vllite.plugins.openai_server.context import resolve_reasoning_parser
+
+        resolve_reasoning_parser(args.reasoning_parser)  # an unknown name fails here, listing the known ones
     if args.max_log_len is not None and args.max_log_len < 0:
         raise ValueError(f"--max-log-len must be >= 0, got {args.max_log_len}.")
     if args.shutdown_timeout < 0:
         raise ValueError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}.")
     names = tuple(args.served_model_name or [model_path])
+    from vllite.plugins.openai_server.lora import parse_lora_modules
+
+    lora_modules = parse_lora_modules(args.lora_modules, enable_lora=args.enable_lora, served_model_names=names)
     return ServerSettings(
         served_model_names=names,
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
@@ -90,7 +119,10 @@ def server_settings(args: argparse.Namespace, model_path: str) -> ServerSettings
         trust_request_chat_template=args.trust_request_chat_template,
         tool_call_parser=args.tool_call_parser,
         enable_auto_tool_choice=bool(args.tool_call_parser),
+        reasoning_parser=args.reasoning_parser,
+        tool_parser_plugins=plugins,
         log_requests=args.enable_log_requests,
+        lora_modules=lora_modules,
     )
 
 
@@ -108,24 +140,22 @@ def bind_socket(host: str, port: int) -> socket.socket:
     sock.set_inheritable(True)
     return sock
 
-    from vllite.plugins.openai_server.lora import parse_lora_modules
-
-    lora_modules = parse_lora_modules(args.lora_modules, enable_lora=args.enable_lora, served_model_names=names)
 
 def run_server(args: argparse.Namespace) -> int:
     """Runs ``vllite serve`` until a signal stops it; returns the exit code."""
     from vllite.assets import default_model_path
     from vllite.config import EngineArgs
     from vllite.plugins.commands.engine_flags import check_engine_args
+    from vllite.plugins.openai_server.parser_plugins import share_tool_parser
 
     if args.model_tag and args.model and args.model_tag != args.model:
         raise ValueError(f"Two models given: {args.model_tag!r} and --model {args.model!r}; give one.")
     if args.model_tag:
         args.model = args.model_tag
-        lora_modules=lora_modules,
     model_path = str(args.model or default_model_path())
     settings = server_settings(args, model_path if args.model else "vllite-demo")
     engine_args = EngineArgs.from_cli_args(args)
+    share_tool_parser(engine_args, settings.tool_call_parser)  # Continuum names tools with the server's parser
     check_engine_args(engine_args)  # a mistake that needs no model fails in a second, before the engine starts
     sock = bind_socket(args.host, args.port)
     try:
@@ -189,6 +219,7 @@ async def _serve(ctx: ServerContext, sock: socket.socket, args: argparse.Namespa
 
     app = build_app(ctx)
     _log_to_stderr(args.uvicorn_log_level)
+    await ctx.loras.load_static(ctx.settings.lora_modules)  # a bad adapter stops the start-up, naming it
     config = uvicorn.Config(
         app,
         log_level=args.uvicorn_log_level,
@@ -219,7 +250,6 @@ def _graceful_server(config: Any, ctx: ServerContext, grace_s: float) -> Any:
             first = not self.should_exit
             super().handle_exit(sig, frame)
             # uvicorn re-raises captured signals once it has stopped, which would kill this process before the
-    await ctx.loras.load_static(ctx.settings.lora_modules)  # a bad adapter stops the start-up, naming it
             # engine is shut down; the shutdown is handled here, so the process exits normally instead.
             self._captured_signals.clear()
             if first:

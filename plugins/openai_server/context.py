@@ -24,12 +24,15 @@ class ServerSettings:
     trust_request_chat_template: bool = False
     tool_call_parser: str | None = None
     enable_auto_tool_choice: bool = False
+    reasoning_parser: str | None = None
+    tool_parser_plugins: tuple[str, ...] = ()  # --tool-parser-plugin files, loaded before the parsers resolve
     log_requests: bool = False
-
-
     lora_modules: tuple[LoRAModule, ...] = ()  # --lora-modules, loaded when the server starts
+
+
 class ServerContext:
-    """The engine behind the routes and the facts they share: tokenizer, limits, defaults, tool parser, metrics.
+    """The engine behind the routes and the facts they share: tokenizer, limits, defaults, tool and reasoning
+    parsers, metrics.
 
     ``model_defaults`` are the sampling defaults of the model's generation config; a request field left unset
     takes them (vLLM's ``--generation-config auto``).
@@ -46,11 +49,11 @@ class ServerContext:
         self.model_defaults: dict[str, Any] = dict(engine.frontend.default_sampling_fields)
         self.structured_outputs_config = getattr(engine.config, "structured_outputs_config", None)
         self.tool_parser_class = resolve_tool_parser(settings.tool_call_parser)
+        self.reasoning_parser_class = resolve_reasoning_parser(settings.reasoning_parser)
+        self.loras = ServedLoRAs.for_engine(engine, settings.served_model_names, str(self.model_root))
 
     @property
     def model_name(self) -> str:
-        self.reasoning_parser_class = resolve_reasoning_parser(settings.reasoning_parser)
-        self.loras = ServedLoRAs.for_engine(engine, settings.served_model_names, str(self.model_root))
         """The first served name: what responses report."""
         return self.settings.served_model_names[0]
 
@@ -80,6 +83,15 @@ class ServerContext:
             is_list = isinstance(prompt, list) and not all(isinstance(t, int) for t in prompt)
             prompt = [p[:limit] for p in prompt] if is_list else prompt[:limit]
         logger.info("Received request %s: prompt: %r, params: %s", request_id, prompt, params)
+
+
+def resolve_reasoning_parser(name: str | None) -> Any:
+    """The registered reasoning parser ``name`` (``None``: none); an unknown name lists the registered ones."""
+    if name is None:
+        return None
+    from vllite.plugins.reasoning.registry import resolve_reasoning_parser as resolve
+
+    return resolve(name)
 
 
 def resolve_tool_parser(name: str | None) -> type | None:

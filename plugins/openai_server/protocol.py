@@ -149,6 +149,7 @@ class ChatMessage(BaseModel):
     tool_calls: list[ToolCallObject] | None = None
     tool_call_id: str | None = None
     reasoning_content: str | None = None
+    reasoning: str | None = None  # vLLM's newer name for reasoning_content
 
 
 class ResponseFormat(RequestModel):
@@ -176,6 +177,9 @@ class ChatCompletionRequest(SamplingFields):
     add_special_tokens: bool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # Reasoning (with --reasoning-parser): return the reasoning; cap its tokens (the thinking-budget processor)
+    include_reasoning: bool = True
+    thinking_token_budget: int | None = None
 
 
 class TokenizeRequest(RequestModel):

@@ -94,6 +94,8 @@ class AssistantMessage(Response):
     content: str | None
     role: str = "assistant"
     tool_calls: list[ToolCall] = msgspec.field(default_factory=list)
+    reasoning_content: str | None = None  # with --reasoning-parser; ``reasoning`` is vLLM's newer name for it
+    reasoning: str | None = None
 
 
 class ChatChoice(Response):
@@ -132,6 +134,8 @@ class DeltaMessage(Delta):
     role: str | None = None
     content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
 
 class ChatStreamChoice(Response):
@@ -159,11 +163,11 @@ class ModelCard(Response):
     object: str = "model"
     created: int = msgspec.field(default_factory=now)
     owned_by: str = "vllite"
+    parent: str | None = None  # a LoRA adapter's base model
 
 
 class ModelList(Response):
     data: list[ModelCard]
-    parent: str | None = None  # a LoRA adapter's base model
     object: str = "list"
 
 

@@ -3,6 +3,7 @@ how a finished reply becomes content and ``tool_calls``, and how a streamed repl
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from vllite.exceptions import BadRequestError
@@ -22,6 +23,9 @@ REQUIRED_FALLBACK_PARSER = "openai"
 
 class ToolMode:
     """No tool calling (``tool_choice="none"`` or no tools): the text is the content."""
+
+    #: ``False`` when the reply must be detokenized with its special tokens (the parser's markers are special).
+    skip_special_tokens: bool | None = None
 
     def __init__(self, template_tools: list[dict[str, Any]] | None = None) -> None:
         self.template_tools = template_tools
@@ -51,25 +55,36 @@ class _PlainStream:
 class ParsedToolMode(ToolMode):
     """``auto`` / ``required``: a tool parser finds the calls in the text."""
 
-    def __init__(self, template_tools: list[dict[str, Any]], parser_class: type) -> None:
+    def __init__(self, template_tools: list[dict[str, Any]], parser_class: type, *, server_parser: bool = True) -> None:
         super().__init__(template_tools)
         self.parser_class = parser_class
+        if server_parser:
+            self.skip_special_tokens = getattr(parser_class, "skip_special_tokens", None)
+        make_id = getattr(parser_class, "tool_call_id", None)
+        self.call_id: Callable[[], str] = make_id if callable(make_id) else _random_call_id
+
+    def parser(self) -> Any:
+        """A parser for one reply; one that ``accepts_tools`` gets the request's tools (for argument types)."""
+        if getattr(self.parser_class, "accepts_tools", False):
+            return self.parser_class(tools=self.template_tools)
+        return self.parser_class()
 
     def extract(self, text: str) -> tuple[str | None, list[ToolCall]]:
-        found = self.parser_class().extract(text)
-        calls = [_tool_call(call.name, call.arguments) for call in found.calls]
+        found = self.parser().extract(text)
+        calls = [_tool_call(call.name, call.arguments, self.call_id()) for call in found.calls]
         return (found.content or None) if calls else text, calls
 
     def finish_reason(self, sample_finish: str | None, calls: list[Any]) -> str | None:
         return "tool_calls" if calls and sample_finish == "stop" else sample_finish
 
     def stream(self) -> Any:
-        return _ParsedStream(self.parser_class().stream())
+        return _ParsedStream(self.parser().stream(), self.call_id)
 
 
 class _ParsedStream:
-    def __init__(self, extractor: Any) -> None:
+    def __init__(self, extractor: Any, call_id: Callable[[], str]) -> None:
         self.extractor = extractor
+        self.call_id = call_id
 
     def feed(self, text: str) -> list[DeltaMessage]:
         content = self.extractor.feed(text) if text else ""
@@ -81,7 +96,7 @@ class _ParsedStream:
         calls = [
             DeltaToolCall(
                 index=i,
-                id=random_id("call_"),
+                id=self.call_id(),
                 type="function",
                 function=DeltaFunctionCall(name=call.name, arguments=call.arguments),
             )
@@ -126,8 +141,12 @@ class _NamedStream:
         return ([] if self.started else self.feed("")), []
 
 
-def _tool_call(name: str, arguments: str) -> ToolCall:
-    return ToolCall(id=random_id("call_"), function=FunctionCall(name=name, arguments=arguments))
+def _random_call_id() -> str:
+    return random_id("call_")
+
+
+def _tool_call(name: str, arguments: str, call_id: str | None = None) -> ToolCall:
+    return ToolCall(id=call_id or _random_call_id(), function=FunctionCall(name=name, arguments=arguments))
 
 
 def resolve_tool_mode(ctx: ServerContext, request: ChatCompletionRequest) -> ToolMode:
@@ -158,13 +177,14 @@ def resolve_tool_mode(ctx: ServerContext, request: ChatCompletionRequest) -> Too
     if choice == "required":  # constrained to the JSON list of calls (structured outputs), whatever the server's parser
         from vllite.plugin_manager import resolve_component
 
-        return ParsedToolMode(template_tools, resolve_component("tool_parsers", REQUIRED_FALLBACK_PARSER))
+        required_parser = resolve_component("tool_parsers", REQUIRED_FALLBACK_PARSER)
+        return ParsedToolMode(template_tools, required_parser, server_parser=False)
     parser = ctx.tool_parser_class
     if choice == "auto" and (parser is None or not ctx.settings.enable_auto_tool_choice):
         raise BadRequestError(
             '"auto" tool choice needs a tool-call parser: start the server with --tool-call-parser NAME (hermes, '
-            'llama, openai, bash, auto, ...). tool_choice defaults to "auto" when tools are given; send "none" to '
-            "get plain text, or name a function to force its call.",
+            'qwen3_coder, mistral, llama3_json, ...). tool_choice defaults to "auto" when tools are given; send '
+            '"none" to get plain text, or name a function to force its call.',
             param="tool_choice",
         )
     assert parser is not None
