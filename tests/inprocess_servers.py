@@ -18,7 +18,7 @@ START_TIMEOUT_S = 300.0
 class InProcessServers:
     """One ``AsyncLLM`` (from ``engine_args``) served by one app per entry of ``settings``."""
 
-    def __init__(self, engine_args: Any, settings: dict[str, Any]) -> None:
+    def __init__(self, engine_args: Any, settings: dict[str, Any], *, metrics: bool = False) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="inprocess-servers", daemon=True)
         self.thread.start()
@@ -28,12 +28,13 @@ class InProcessServers:
         self.contexts: dict[str, Any] = {}
         self.urls: dict[str, str] = {}
         try:
-            asyncio.run_coroutine_threadsafe(self._start(engine_args, settings), self.loop).result(START_TIMEOUT_S)
+            starting = self._start(engine_args, settings, metrics)
+            asyncio.run_coroutine_threadsafe(starting, self.loop).result(START_TIMEOUT_S)
         except BaseException:
             self.close()
             raise
 
-    async def _start(self, engine_args: Any, settings: dict[str, Any]) -> None:
+    async def _start(self, engine_args: Any, settings: dict[str, Any], metrics: bool) -> None:
         import uvicorn
 
         from vllite.plugins.engine_proc.async_llm import AsyncLLM
@@ -41,9 +42,16 @@ class InProcessServers:
         from vllite.plugins.openai_server.cli import bind_socket
         from vllite.plugins.openai_server.context import ServerContext
 
-        self.engine = AsyncLLM.from_engine_args(engine_args)
+        loggers: list[Any] = []
+        if metrics:  # one Prometheus logger (what `vllite serve` gives its first served name), on every app's /metrics
+            from vllite.plugins.openai_server.metrics import PrometheusStatLogger
+
+            first = next(iter(settings.values())).served_model_names[0]
+            loggers.append(lambda info: PrometheusStatLogger(first, info))
+        self.engine = AsyncLLM.from_engine_args(engine_args, stat_loggers=loggers or None)
+        logger = self.engine.stat_loggers[0] if metrics else None
         for name, server_settings in settings.items():
-            ctx = ServerContext(self.engine, server_settings)
+            ctx = ServerContext(self.engine, server_settings, metrics=logger)
             sock = bind_socket("127.0.0.1", 0)
             config = uvicorn.Config(build_app(ctx), log_level="warning", access_log=False, lifespan="off")
             server = uvicorn.Server(config)

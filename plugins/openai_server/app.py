@@ -45,6 +45,9 @@ def build_app(ctx: ServerContext) -> FastAPI:
     app.state.ctx = ctx
     _add_error_handlers(app)
     app.include_router(_v1_router(ctx))
+    from vllite.plugins.openai_server.anthropic_routes import anthropic_router
+
+    app.include_router(anthropic_router(ctx))  # /v1/messages: Anthropic's key headers and error shape
     app.include_router(_plain_router(ctx))
     return app
 
@@ -195,6 +198,9 @@ def _v1_router(ctx: ServerContext) -> APIRouter:
         chat = create_chat_completion(ctx, body, data_parallel_rank=rank)
         return _respond(await cancel_on_disconnect(request, chat))
 
+    from vllite.plugins.openai_server.responses_api import add_responses_routes
+
+    add_responses_routes(router, ctx)  # /v1/responses: create, retrieve, delete, cancel
     if ctx.loras.runtime_updating:
         _add_lora_routes(router, ctx)
     return router

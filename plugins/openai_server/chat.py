@@ -19,6 +19,7 @@ first (:mod:`vllite.plugins.openai_server.reasoning`): tool calls and constraint
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from vllite.exceptions import BadRequestError
@@ -49,11 +50,36 @@ from vllite.plugins.openai_server.structured import chat_constraint
 from vllite.plugins.openai_server.tool_choice import ToolMode, resolve_tool_mode
 
 
+@dataclass
+class ChatRun:
+    """A chat request submitted to the engine: how its reply is read (tool and reasoning modes), its engine request,
+    and what its response reports (id, served model name, prompt). Other routes that generate through the chat
+    template (``/v1/messages``) start one too and shape the reply their own way."""
+
+    mode: ToolMode
+    reasoning: ReasoningMode
+    submitted: Submitted
+    request_id: str
+    model: str
+    prompt_ids: list[int]
+
+
 async def create_chat_completion(
     ctx: ServerContext, request: ChatCompletionRequest, *, data_parallel_rank: int | None = None
 ) -> ChatCompletionResponse | EventStream:
     """The response body, or (``stream``) its SSE events; raises ``BadRequestError`` before anything is submitted.
     ``data_parallel_rank``: the engine the ``X-data-parallel-rank`` header names."""
+    run = await start_chat(ctx, request, data_parallel_rank=data_parallel_rank)
+    if request.stream:
+        events = _stream(ctx, request, run.mode, run.reasoning, run.submitted, run.request_id, run.model)
+        return EventStream(events, run.submitted.abort_unfinished)
+    return await collect_chat(ctx, request, run)
+
+
+async def start_chat(
+    ctx: ServerContext, request: ChatCompletionRequest, *, data_parallel_rank: int | None = None
+) -> ChatRun:
+    """Checks, renders and submits ``request``; raises ``BadRequestError`` before anything is submitted."""
     model, lora_request = await ctx.resolve_model(request.model)
     check_common_fields(request, max_logprobs=ctx.max_logprobs)
     if request.top_logprobs is not None and not request.logprobs:
@@ -97,22 +123,13 @@ async def create_chat_completion(
         data_parallel_rank=data_parallel_rank,
         lora_request=lora_request,
     )
-    if request.stream:
-        events = _stream(ctx, request, mode, reasoning, submitted, request_id, model)
-        return EventStream(events, submitted.abort_unfinished)
-    return await _collect(ctx, request, mode, reasoning, submitted, request_id, model, prompt_ids)
+    return ChatRun(mode, reasoning, submitted, request_id, model, prompt_ids)
 
 
-async def _collect(
-    ctx: ServerContext,
-    request: ChatCompletionRequest,
-    mode: ToolMode,
-    reasoning: ReasoningMode,
-    submitted: Submitted,
-    request_id: str,
-    model: str,
-    prompt_ids: list[int],
-) -> ChatCompletionResponse:
+async def collect_chat(ctx: ServerContext, request: ChatCompletionRequest, run: ChatRun) -> ChatCompletionResponse:
+    """The whole response of a started chat, once every sample has finished."""
+    mode, reasoning, submitted = run.mode, run.reasoning, run.submitted
+    request_id, model, prompt_ids = run.request_id, run.model, run.prompt_ids
     final = None
     try:
         async for _, output in submitted.outputs():
