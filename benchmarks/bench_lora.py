@@ -7,18 +7,71 @@ Makes ``--num-adapters`` random PEFT adapters (``peft``, every attention and MLP
 the model, then alternates rounds of the same requests between a plain engine (no LoRA) and an engine with
 ``--enable-lora --max-loras N`` where request ``i`` runs adapter ``i % N`` (every step mixes all adapters); the
 medians and their ratio are reported. With ``--base-share F`` a fraction of the requests runs the base model.
+With ``--vllm-python PY`` (a python with vLLM's CPU build), vLLM's offline ``LLM`` with ``enable_lora`` runs the same
+requests with the same adapters (and without any), alternating with vllite's rounds.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import _common as common
-from bench_throughput import make_workload
+from bench_throughput import VLLM_CHILD_PRELUDE, make_workload
+
+_VLLM_LORA_CHILD = (
+    VLLM_CHILD_PRELUDE
+    + r"""
+from vllm import LLM, SamplingParams
+from vllm.lora.request import LoRARequest
+cfg = json.loads(sys.argv[1])
+llm = LLM(model=cfg["model"], dtype=cfg["dtype"], max_num_seqs=cfg["max_num_seqs"], seed=0,
+          max_num_batched_tokens=cfg["max_num_batched_tokens"], max_model_len=cfg["max_model_len"],
+          enable_lora=True, max_loras=cfg["max_loras"], max_lora_rank=cfg["max_lora_rank"],
+          gpu_memory_utilization=cfg["kv_fraction"])  # on CPU: the share of RAM for the KV cache
+llm.generate([{"prompt_token_ids": [11, 12, 13]}], SamplingParams(max_tokens=4), use_tqdm=False)
+print("READY", flush=True)
+for line in sys.stdin:
+    job = json.loads(line)
+    loras = [LoRARequest(*a) if a else None for a in job["loras"]] if job["loras"] else None
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for _, n in job["workload"]]
+    llm.reset_prefix_cache()
+    start = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p, _ in job["workload"]], params, lora_request=loras,
+                        use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    assert [len(o.outputs[0].token_ids) for o in outs] == [n for _, n in job["workload"]]
+    print("TIME", elapsed, flush=True)
+"""
+)
+
+
+class VllmLoRARunner(common.LineChild):
+    """vLLM's offline ``LLM`` with ``enable_lora`` in a child process running ``--vllm-python``."""
+
+    name = "vLLM's child"
+
+    def __init__(self, model: str, args: argparse.Namespace) -> None:
+        cfg = {
+            "model": model,
+            **common.engine_kwargs(args),
+            "max_loras": args.num_adapters,
+            "max_lora_rank": args.rank,
+            "kv_fraction": args.vllm_kv_fraction,
+        }
+        command = [args.vllm_python, "-c", _VLLM_LORA_CHILD, json.dumps(cfg)]
+        super().__init__(command, stderr=None if args.verbose_peers else subprocess.DEVNULL)
+        self.expect("READY")
+
+    def __call__(self, workload: common.Workload, loras: list | None) -> float:
+        wire = [[r.lora_name, r.lora_int_id, r.lora_path] if r else None for r in loras] if loras else None
+        self.send(json.dumps({"workload": workload, "loras": wire}))
+        return float(self.expect("TIME"))
 
 
 def make_adapters(model: str, root: Path, count: int, rank: int) -> list:
@@ -80,6 +133,7 @@ def main() -> None:
     parser.add_argument("--num-adapters", type=int, default=4)
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--base-share", type=float, default=0.0, help="Fraction of requests without an adapter.")
+    common.add_vllm_args(parser, kv_fraction=True)
     common.add_json_arg(parser)
     args = parser.parse_args()
 
@@ -97,16 +151,28 @@ def main() -> None:
     )
 
     base, lora = Runner(model, args, None), Runner(model, args, loras)
+    runners = {"base": lambda: base(workload), "lora": lambda: lora(workload)}
+    vllm = VllmLoRARunner(model, args) if args.vllm_python else None
+    if vllm is not None:
+        runners.update(vllm_base=lambda: vllm(workload, None), vllm_lora=lambda: vllm(workload, loras))
     try:
-        rates = common.alternate({"base": lambda: base(workload), "lora": lambda: lora(workload)}, args.repeats, total)
+        rates = common.alternate(runners, args.repeats, total)
     finally:
         base.close()
         lora.close()
+        if vllm is not None:
+            vllm.close()
     results: dict = {"num_adapters": args.num_adapters, "rank": args.rank, "num_requests": len(workload)}
     base_rate = common.report_rates(results, "base", "base model   ", rates["base"])
     lora_rate = common.report_rates(results, "lora", "with adapters", rates["lora"])
     results["lora_over_base"] = lora_rate / base_rate
     print(f"LoRA / base: {lora_rate / base_rate:.3f} (cost {100 * (1 - lora_rate / base_rate):.1f}%)")
+    if vllm is not None:
+        vllm_base = common.report_rates(results, "vllm_base", "vLLM base    ", rates["vllm_base"])
+        vllm_lora = common.report_rates(results, "vllm_lora", "vLLM adapters", rates["vllm_lora"])
+        print(
+            f"vLLM LoRA / base: {vllm_lora / vllm_base:.3f}; vllite / vLLM with adapters: {lora_rate / vllm_lora:.2f}"
+        )
     common.write_json(args.json, results)
 
 
