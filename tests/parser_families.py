@@ -350,3 +350,42 @@ TOOLS = [
         },
     }
 ]
+
+
+def start_family_servers(model: str, *, auth: tuple[str, str] | None = None, metrics: bool = False) -> Any:
+    """One engine on the demo model with the forcing logits processor, and one in-process app per family (its chat
+    template and parsers, served as ``model``); with ``auth=(family, key)`` also an ``"auth"`` app of that family
+    behind ``--api-key key``. Returns the ``InProcessServers`` harness (close it when done)."""
+    from inprocess_servers import InProcessServers
+
+    from vllite.assets import default_model_path
+    from vllite.config import EngineArgs
+    from vllite.plugins.openai_server.cli import demo_model_defaults
+    from vllite.plugins.openai_server.context import ServerSettings
+    from vllite.plugins.openai_server.testing import FORCED_SEQUENCE
+
+    engine_args = EngineArgs(
+        model=str(default_model_path()), max_model_len=1024, seed=0, logits_processors=[FORCED_SEQUENCE]
+    )
+    demo_model_defaults(engine_args)
+
+    def settings(family: Family, **extra: Any) -> ServerSettings:
+        return ServerSettings(
+            served_model_names=(model,),
+            chat_template=family.template,
+            tool_call_parser=family.tool_parser,
+            enable_auto_tool_choice=True,
+            reasoning_parser=family.reasoning_parser,
+            **extra,
+        )
+
+    apps = {name: settings(family) for name, family in FAMILIES.items()}
+    if auth is not None:
+        apps["auth"] = settings(FAMILIES[auth[0]], api_key=auth[1])
+    return InProcessServers(engine_args, apps, metrics=metrics)
+
+
+def forced(tokenizer: Any, pieces: tuple[str, ...]) -> list[int]:
+    """Token ids that spell ``pieces`` (each tokenized alone, so a marker keeps its own ids), then EOS."""
+    ids = [t for piece in pieces for t in tokenizer.encode(piece, add_special_tokens=False)]
+    return [*ids, tokenizer.eos_token_id]

@@ -17,10 +17,9 @@ import pytest
 
 anthropic = pytest.importorskip("anthropic")
 
-from parser_families import FAMILIES, TOOLS, Family, Turn  # noqa: E402
+from parser_families import FAMILIES, TOOLS, Family, Turn, forced, start_family_servers  # noqa: E402
 
 from vllite.assets import default_model_path  # noqa: E402
-from vllite.plugins.openai_server.testing import FORCED_SEQUENCE  # noqa: E402
 
 MODEL = "demo"
 KEY = "secret-key"
@@ -39,30 +38,7 @@ THINKING = {"type": "enabled", "budget_tokens": 128}
 
 @pytest.fixture(scope="module")
 def servers():
-    from inprocess_servers import InProcessServers
-
-    from vllite.config import EngineArgs
-    from vllite.plugins.openai_server.cli import demo_model_defaults
-    from vllite.plugins.openai_server.context import ServerSettings
-
-    engine_args = EngineArgs(
-        model=str(default_model_path()), max_model_len=1024, seed=0, logits_processors=[FORCED_SEQUENCE]
-    )
-    demo_model_defaults(engine_args)
-
-    def settings(family: Family, **extra) -> ServerSettings:
-        return ServerSettings(
-            served_model_names=(MODEL,),
-            chat_template=family.template,
-            tool_call_parser=family.tool_parser,
-            enable_auto_tool_choice=True,
-            reasoning_parser=family.reasoning_parser,
-            **extra,
-        )
-
-    configs = {name: settings(family) for name, family in FAMILIES.items()}
-    configs["auth"] = settings(FAMILIES["qwen3_coder"], api_key=KEY)
-    harness = InProcessServers(engine_args, configs, metrics=True)
+    harness = start_family_servers(MODEL, auth=("qwen3_coder", KEY), metrics=True)
     yield harness
     harness.close()
 
@@ -83,12 +59,6 @@ def tokenizer():
     from vllite.engine.tokenizer import get_tokenizer
 
     return get_tokenizer(default_model_path())
-
-
-def forced(tokenizer, pieces: tuple[str, ...]) -> list[int]:
-    """Token ids that spell ``pieces`` (each tokenized alone, so a marker keeps its own ids), then EOS."""
-    ids = [t for piece in pieces for t in tokenizer.encode(piece, add_special_tokens=False)]
-    return [*ids, tokenizer.eos_token_id]
 
 
 def request(family: Family, tokenizer, turn: Turn, messages: list, **extra) -> dict:
