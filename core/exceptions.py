@@ -21,8 +21,9 @@ The hierarchy (a class in brackets is a second base, kept so that callers catchi
     ├── PluginHookError [RuntimeError], LogitsProcessorRowsError [RuntimeError]
     ├── KVBlockFileError, KVLoadError, KVConnectorConformanceError, P2PTransferError
     ├── BenchReplayError [RuntimeError], ServeBenchError [RuntimeError]
+    ├── LoRAAdapterError [ValueError] (an adapter that cannot be loaded or run)
     ├── the HTTP server's, one per status: BadRequestError [ValueError] (400), UnauthorizedError (401),
-    │   ModelNotFoundError (404), RequestFailedError (500)
+    │   ModelNotFoundError (404) ── LoRANotFoundError, ResponseNotFoundError (404), RequestFailedError (500)
     └── UpstreamError (the disaggregation proxy could not reach a server: it answers 502)
 """
 
@@ -255,6 +256,28 @@ class ModelNotFoundError(VlliteError):
         listed = f" This server serves: {', '.join(served)}." if served else ""
         super().__init__(f"The model `{name}` does not exist.{listed}")
         self.name = name
+
+
+class LoRANotFoundError(ModelNotFoundError):
+    """An adapter the server does not serve (HTTP 404), with vLLM's message."""
+
+    def __init__(self, name: str) -> None:
+        VlliteError.__init__(self, f"The lora adapter '{name}' cannot be found.")
+        self.name = name
+
+
+class ResponseNotFoundError(VlliteError):
+    """No stored Responses-API response has this id (never stored, ``store: false``, or forgotten): HTTP 404;
+    ``param`` names the request field that gave it."""
+
+    def __init__(self, response_id: str, param: str | None = None) -> None:
+        super().__init__(f"Response with id {response_id!r} not found.")
+        self.param = param
+
+
+class LoRAAdapterError(VlliteError, ValueError):
+    """A LoRA adapter cannot be loaded or run; the message names the adapter and exactly what is wrong (a
+    ``ValueError`` too, as vLLM raises for bad adapters, so an HTTP layer answers 400)."""
 
 
 class UnauthorizedError(VlliteError):

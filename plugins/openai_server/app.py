@@ -217,7 +217,7 @@ def _add_lora_routes(router: APIRouter, ctx: ServerContext) -> None:
 
     @router.post("/unload_lora_adapter")
     async def unload_lora_adapter(body: UnloadLoRAAdapterRequest) -> Response:
-        from vllite.plugins.openai_server.lora import LoRANotFoundError
+        from vllite.exceptions import LoRANotFoundError
 
         _check_alive(ctx)
         try:

@@ -23,8 +23,7 @@ from vllite.exceptions import (
     BadRequestError,
     EngineClientClosedError,
     EngineDeadError,
-    ModelNotFoundError,
-    VlliteError,
+    LoRANotFoundError,
 )
 from vllite.lora import LoRARequest
 
@@ -105,14 +104,6 @@ def _parse_item(item: str) -> LoRAModule:
     if base is not None and not isinstance(base, str):
         raise ValueError(f"--lora-modules {item!r}: 'base_model_name' must be a string.")
     return LoRAModule(lora_name, lora_path, base)
-
-
-class LoRANotFoundError(ModelNotFoundError):
-    """An adapter the server does not serve (HTTP 404), with vLLM's message."""
-
-    def __init__(self, name: str) -> None:
-        VlliteError.__init__(self, f"The lora adapter '{name}' cannot be found.")
-        self.name = name
 
 
 def engine_message(exc: BaseException) -> str:

@@ -10,18 +10,11 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllite.exceptions import ResponseNotFoundError
 from vllite.plugins.openai_server.responses_api_protocol import ResponseObject
 
 #: How many responses one server keeps.
 MAX_STORED_RESPONSES = 1000
-
-
-class ResponseNotFoundError(Exception):
-    """No stored response has this id (never stored, ``store: false``, or forgotten); the route answers 404."""
-
-    def __init__(self, response_id: str, param: str | None = None) -> None:
-        super().__init__(f"Response with id {response_id!r} not found.")
-        self.param = param
 
 
 @dataclass

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-from vllite.exceptions import VlliteError
+from vllite.exceptions import LoRAAdapterError
 
-
-class LoRAAdapterError(VlliteError, ValueError):
-    """A LoRA adapter cannot be loaded or run; the message names the adapter and exactly what is wrong.
-
-    A ``ValueError`` too (as vLLM raises for bad adapters), so an HTTP layer maps it to a 400.
-    """
+__all__ = ["LoRAAdapterError", "adapter_error"]
 
 
 def adapter_error(name: str, problem: str) -> LoRAAdapterError:
