@@ -47,7 +47,7 @@ from vllite.plugins.openai_server.responses_api_stream import (
 #: Chat-route field names in a 400, as the Responses request calls them.
 _PARAMS = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens", "messages": "input",
            "response_format": "text", "prompt": "input"}  # fmt: skip
-_ITEM = TypeAdapter(InputItem)
+_ITEM: TypeAdapter[InputItem] = TypeAdapter(InputItem)
 _ACTIVE = ("queued", "in_progress")
 
 
