@@ -9,11 +9,16 @@ The file is a Python module that implements vllite's register hooks (it is regis
     def vllite_register_tool_parsers(register):
         register("my_format", MyToolParser)
 
-and may contribute reasoning parsers too (``vllite_register_reasoning_parsers``). Its names are then valid for
+and may contribute reasoning parsers too (``vllite_register_reasoning_parsers``). Or it is a vLLM tool-parser plugin:
+a ``ToolParser`` subclass decorated with ``@ToolParserManager.register_module("my_format")``, imported from
+``vllm.tool_parsers`` (or ``vllm.entrypoints.openai.tool_parsers``); without a real vLLM the vLLM compatibility
+layer serves those names, and each registered name runs the parser through an adapter
+(:mod:`vllite.plugins.openai_server.vllm_tool_parsers`). Its names are then valid for
 ``--tool-call-parser`` / ``--reasoning-parser`` (a name of a builtin is overridden). The file's folder is added to
 ``sys.path`` and the module imported by its file name, so the engine-core process (started with the same
 ``sys.path``) can import the classes it registered by class path. A file that is missing, fails to import, shadows or
-is shadowed by another module, or implements no hook is a :class:`~vllite.exceptions.PluginLoadError` naming it.
+is shadowed by another module, or implements no hook (and registers no vLLM parser) is a
+:class:`~vllite.exceptions.PluginLoadError` naming it.
 """
 
 from __future__ import annotations
@@ -40,17 +45,25 @@ def load_parser_plugin(path: str) -> str:
     name = file.stem
     if not name.isidentifier():
         raise PluginLoadError(f"{where}: {file.name} cannot be imported as a module; rename it.", plugin=str(file))
+    from vllite.plugins import vllm_compat  # the file may `import vllm...`: served when no real vLLM is installed
+    from vllite.plugins.openai_server.vllm_tool_parsers import plugin_for
+
+    vllm_compat.activate()
     module = _import(name, file, where)
+    plugin: Any = module
     if not any(attr.startswith("vllite_") for attr in vars(module)):
+        plugin = plugin_for(module.__name__)  # its @ToolParserManager.register_module parsers
+    if plugin is None:
         raise PluginLoadError(
-            f"{where}: {file} implements no vllite hook; define @hookimpl vllite_register_tool_parsers(register) "
-            "(or vllite_register_reasoning_parsers) in it.",
+            f"{where}: {file} implements no vllite hook and registers no vLLM tool parser; define @hookimpl "
+            "vllite_register_tool_parsers(register) (or vllite_register_reasoning_parsers) in it, or decorate a "
+            "vLLM ToolParser subclass with @ToolParserManager.register_module(NAME).",
             plugin=str(file),
         )
     manager = get_plugin_manager()
     plugin_name = PLUGIN_PREFIX + str(file)
     if not manager.pm.has_plugin(plugin_name):
-        manager.register(module, name=plugin_name)
+        manager.register(plugin, name=plugin_name)
     return plugin_name
 
 

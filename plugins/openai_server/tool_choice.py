@@ -55,19 +55,31 @@ class _PlainStream:
 class ParsedToolMode(ToolMode):
     """``auto`` / ``required``: a tool parser finds the calls in the text."""
 
-    def __init__(self, template_tools: list[dict[str, Any]], parser_class: type, *, server_parser: bool = True) -> None:
+    def __init__(
+        self,
+        template_tools: list[dict[str, Any]],
+        parser_class: type,
+        *,
+        server_parser: bool = True,
+        tokenizer: Any = None,
+    ) -> None:
         super().__init__(template_tools)
         self.parser_class = parser_class
+        self.tokenizer = tokenizer
         if server_parser:
             self.skip_special_tokens = getattr(parser_class, "skip_special_tokens", None)
         make_id = getattr(parser_class, "tool_call_id", None)
         self.call_id: Callable[[], str] = make_id if callable(make_id) else _random_call_id
 
     def parser(self) -> Any:
-        """A parser for one reply; one that ``accepts_tools`` gets the request's tools (for argument types)."""
+        """A parser for one reply; one that ``accepts_tools`` gets the request's tools (for argument types), one that
+        ``accepts_tokenizer`` the server's tokenizer (a vLLM parser's adapter)."""
+        kwargs: dict[str, Any] = {}
         if getattr(self.parser_class, "accepts_tools", False):
-            return self.parser_class(tools=self.template_tools)
-        return self.parser_class()
+            kwargs["tools"] = self.template_tools
+        if getattr(self.parser_class, "accepts_tokenizer", False):
+            kwargs["tokenizer"] = self.tokenizer
+        return self.parser_class(**kwargs)
 
     def extract(self, text: str) -> tuple[str | None, list[ToolCall]]:
         found = self.parser().extract(text)
@@ -188,7 +200,7 @@ def resolve_tool_mode(ctx: ServerContext, request: ChatCompletionRequest) -> Too
             param="tool_choice",
         )
     assert parser is not None
-    return ParsedToolMode(template_tools, parser)
+    return ParsedToolMode(template_tools, parser, tokenizer=ctx.tokenizer)
 
 
 def _check_parameters(parameters: dict[str, Any] | None, index: int) -> None:

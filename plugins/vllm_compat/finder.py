@@ -48,7 +48,8 @@ def missing_message(fullname: str) -> str:
     parent = fullname.rpartition(".")[0]
     return (
         f"vllite's vLLM compatibility layer does not provide {fullname!r}: vLLM is not installed, and vllite serves "
-        f"only the vllm.* names that logits-processor plugins import. {_provided(parent)} Served modules: "
+        f"only the vllm.* names that logits-processor and tool-parser plugins import. {_provided(parent)} "
+        f"Served modules: "
         f"{', '.join(sorted(SERVED_MODULES))}. Install vLLM to use other parts of it."
     )
 

@@ -33,6 +33,20 @@ _SLOT_INTERFACE = {
     "LogitsContext": "vllite.logits_processor.slot_interface:LogitsContext",
     "LogitsProcRequestState": "vllite.logits_processor.slot_interface:LogitsProcRequestState",
 }
+_TP = "vllite.plugins.openai_server.vllm_tool_parsers"
+_TOOL_PARSERS = {"ToolParser": f"{_TP}:ToolParser", "ToolParserManager": f"{_TP}:ToolParserManager"}
+_PROTOCOL = {
+    name: f"{_TP}:{name}"
+    for name in (
+        "ChatCompletionRequest",
+        "DeltaFunctionCall",
+        "DeltaMessage",
+        "DeltaToolCall",
+        "ExtractedToolCallInformation",
+        "FunctionCall",
+        "ToolCall",
+    )
+}
 _ASYNC_H2D = {"async_tensor_h2d": "vllite.plugins.vllm_compat.torch_utils:async_tensor_h2d"}
 
 #: ``vllm.*`` module name -> {name in that module: ``"vllite.module:attribute"``}.
@@ -69,6 +83,14 @@ SERVED_MODULES: dict[str, dict[str, str]] = {
     "vllm.tokenizers": {
         "cached_tokenizer_from_config": "vllite.plugins.vllm_compat.tokenizers:cached_tokenizer_from_config",
     },
+    # tool-parser plugins (--tool-parser-plugin): vLLM's older and newer module paths
+    "vllm.entrypoints": {},
+    "vllm.entrypoints.openai": {},
+    "vllm.entrypoints.openai.protocol": dict(_PROTOCOL),
+    "vllm.entrypoints.openai.tool_parsers": dict(_TOOL_PARSERS),
+    "vllm.entrypoints.openai.tool_parsers.abstract_tool_parser": dict(_TOOL_PARSERS),
+    "vllm.tool_parsers": dict(_TOOL_PARSERS),
+    "vllm.tool_parsers.abstract_tool_parser": dict(_TOOL_PARSERS),
     "vllm.utils": dict(_ASYNC_H2D),  # where vLLM releases before the torch_utils split kept it
     "vllm.utils.torch_utils": dict(_ASYNC_H2D),
     "vllm.v1": {},
