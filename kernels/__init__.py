@@ -9,6 +9,9 @@ Public entry points (see :mod:`vllite.kernels.reference` for the full contract):
   ``softcap``, and the ``plan`` below. Every backend takes the same arguments.
 * ``plan_paged_attention(...)``: the per-step plan of the CPU path (``None`` elsewhere), built once per forward
   pass and passed to every layer's calls (as ``PagedAttentionParams.plan`` and ``reshape_and_cache(plan=)``).
+* ``varlen_attention(query, key, value, cu_seqlens, max_seqlen, scale, causal=False) -> Tensor``: attention within
+  each sequence of a packed batch, without a cache (bidirectional for encoder models); see
+  :mod:`vllite.kernels.varlen_attention`.
 
 Cache layout per layer: ``[num_blocks, block_size, num_kv_heads, head_dim]`` for keys and for values.
 CPU tensors take :mod:`vllite.kernels.cpu_attention` (cost follows each sequence's own context length);
@@ -26,6 +29,7 @@ import os
 from typing import TYPE_CHECKING
 
 from vllite.kernels.params import PagedAttentionParams
+from vllite.kernels.varlen_attention import varlen_attention
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -40,6 +44,7 @@ __all__ = [
     "reshape_and_cache",
     "use_cpu_fast_path",
     "use_triton",
+    "varlen_attention",
 ]
 
 

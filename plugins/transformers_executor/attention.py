@@ -10,6 +10,11 @@ transformers builds no attention mask for an attention implementation it does no
 (``masking_utils._preprocess_mask_arguments`` exits early), so no ``O(num_tokens^2)`` mask is created; the kernel
 applies causality per sequence from the metadata.
 
+Encoder layers (``module.is_causal`` false, as in BERT) take the encoder path instead: no KV cache is written or
+read; each sequence attends bidirectionally to its own tokens of this step through
+:func:`vllite.kernels.varlen_attention`. That needs every sequence's whole input in this one step (no prefix
+caching, no chunked prefill), which the first encoder layer of a forward checks once for all.
+
 With a KV connector (``--kv-transfer-config``) the runner also publishes the connector and the per-layer KV
 tensors: each layer then calls ``wait_for_layer_load(name)`` before it touches the cache and
 ``save_kv_layer(name, kv_layer, attn_metadata=...)`` after it wrote this step's keys and values; ``name`` is
@@ -34,6 +39,7 @@ from typing import Any
 import torch
 
 from vllite.exceptions import AttentionRoutingError
+from vllite.kernels import varlen_attention
 from vllite.kernels.params import PagedAttentionParams
 
 ATTN_IMPLEMENTATION = "vllite_paged"
@@ -76,6 +82,7 @@ class _ForwardContext:
     kv_layers: Sequence[torch.Tensor] = ()  # per layer [2, num_blocks, block_size, heads, dim] (with a connector)
     plans: dict[int | None, Any] = field(default_factory=dict)  # kernel plans of this forward, per sliding window
     params: dict[int | None, PagedAttentionParams] = field(default_factory=dict)  # kernel arguments, per window
+    whole_inputs: bool = False  # every sequence's whole input is in this step (set by the first encoder layer)
 
 
 _local = threading.local()
@@ -181,6 +188,36 @@ def _layer_params(
     return params
 
 
+def _check_whole_inputs(ctx: _ForwardContext) -> None:
+    """Raises unless every sequence's whole input is in this step; checked by the forward's first encoder layer."""
+    if ctx.whole_inputs:
+        return
+    md = ctx.metadata
+    query_lens = md.query_start_loc[1:] - md.query_start_loc[:-1]
+    partial = (query_lens != md.seq_lens).nonzero()
+    if partial.numel():
+        s = int(partial[0, 0])
+        raise AttentionRoutingError(
+            f"bidirectional (encoder) attention needs each sequence's whole input in one step, but sequence {s} has "
+            f"{int(md.seq_lens[s])} tokens of which {int(query_lens[s])} are in this step (cached context or a "
+            "chunked prefill): chunked prefill and prefix caching must be off for encoder models."
+        )
+    ctx.whole_inputs = True
+
+
+def _encoder_attention(
+    ctx: _ForwardContext, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """The encoder path: each sequence attends to all of its tokens in this step; no cache is written or read."""
+    _check_whole_inputs(ctx)
+    md = ctx.metadata
+    q = query[0].transpose(0, 1)  # [T, heads, dim]
+    k = key[0].transpose(0, 1).to(query.dtype)
+    v = value[0].transpose(0, 1).to(query.dtype)
+    out = varlen_attention(q, k, v, md.query_start_loc, md.max_query_len, scale, causal=False)
+    return out.unsqueeze(0)
+
+
 def paged_attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -197,15 +234,13 @@ def paged_attention_forward(
 
     Writes ``key``/``value`` into layer ``module.layer_idx``'s cache, attends causally per sequence, and returns
     ``([1, T, heads, dim], None)`` as transformers expects. ``attention_mask`` is ignored (causality comes from
-    the metadata); ``scaling``, ``sliding_window`` and ``softcap`` fall back to the module's attributes.
+    the metadata); ``scaling``, ``sliding_window`` and ``softcap`` fall back to the module's attributes. A module
+    whose ``is_causal`` is false (an encoder layer) takes the encoder path instead (see the module docstring):
+    bidirectional attention over this step's tokens, no cache, the same shapes returned.
     """
     ctx = get_forward_context()
     ctx.num_calls += 1
     md = ctx.metadata
-    layer_idx = getattr(module, "layer_idx", None)
-    if layer_idx is None:
-        raise AttentionRoutingError(f"{type(module).__name__} has no layer_idx; vllite cannot find its KV cache.")
-    key_cache, value_cache = ctx.kv_caches[layer_idx]
     if query.shape[0] != 1:
         raise ValueError(f"vllite runs a packed batch of shape [1, num_tokens]; got batch size {query.shape[0]}.")
     if scaling is None:
@@ -214,6 +249,17 @@ def paged_attention_forward(
         sliding_window = getattr(module, "sliding_window", None)
     if softcap is None:
         softcap = getattr(module, "attn_logit_softcapping", None)
+    if not getattr(module, "is_causal", True):
+        if sliding_window or softcap:
+            raise AttentionRoutingError(
+                f"{type(module).__name__} is bidirectional with a sliding window or softcap, which vllite's encoder "
+                "attention does not support."
+            )
+        return _encoder_attention(ctx, query, key, value, float(scaling)), None
+    layer_idx = getattr(module, "layer_idx", None)
+    if layer_idx is None:
+        raise AttentionRoutingError(f"{type(module).__name__} has no layer_idx; vllite cannot find its KV cache.")
+    key_cache, value_cache = ctx.kv_caches[layer_idx]
 
     window = int(sliding_window) if sliding_window else None
     reshape_and_cache, paged_attention = get_kernels()
