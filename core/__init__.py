@@ -17,7 +17,15 @@ if TYPE_CHECKING:
     from vllite.config import EngineArgs
     from vllite.engine.llm import LLM
     from vllite.hookspecs import hookimpl
-    from vllite.outputs import CompletionOutput, RequestOutput
+    from vllite.outputs import (
+        ClassificationRequestOutput,
+        CompletionOutput,
+        EmbeddingRequestOutput,
+        PoolingRequestOutput,
+        RequestOutput,
+        ScoringRequestOutput,
+    )
+    from vllite.pooling_params import PoolingParams
     from vllite.sampling_params import RequestOutputKind, SamplingParams
 
 _LAZY = {
@@ -27,6 +35,11 @@ _LAZY = {
     "RequestOutputKind": "vllite.sampling_params",
     "RequestOutput": "vllite.outputs",
     "CompletionOutput": "vllite.outputs",
+    "PoolingParams": "vllite.pooling_params",
+    "PoolingRequestOutput": "vllite.outputs",
+    "EmbeddingRequestOutput": "vllite.outputs",
+    "ClassificationRequestOutput": "vllite.outputs",
+    "ScoringRequestOutput": "vllite.outputs",
     "EngineArgs": "vllite.config",
     "hookimpl": "vllite.hookspecs",
 }
@@ -38,6 +51,11 @@ __all__ = [
     "RequestOutputKind",
     "RequestOutput",
     "CompletionOutput",
+    "PoolingParams",
+    "PoolingRequestOutput",
+    "EmbeddingRequestOutput",
+    "ClassificationRequestOutput",
+    "ScoringRequestOutput",
     "EngineArgs",
     "hookimpl",
     "__version__",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import os
 import sys
 from dataclasses import dataclass, field
@@ -27,24 +28,34 @@ from vllite.structured_output.params import StructuredOutputsConfig
 if TYPE_CHECKING:
     from vllite.kv_connector.config import KVTransferConfig
 
+logger = logging.getLogger(__name__)
+
 DTYPES = ("auto", "float32", "bfloat16", "float16", "half", "float")  # half, float: vLLM's float16, float32
 HASH_ALGOS = ("sha256", "fast")
 DP_ROUTINGS = ("load", "prefix")
 # Token budget per step when the user gives none (vLLM's default with chunked prefill).
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+RUNNERS = ("auto", "generate", "pooling")
+CONVERTS = ("auto", "none", "embed", "classify")
+# Architectures that are pooling models as they stand (BertModel, Qwen2ForSequenceClassification, ...).
+_POOLING_ARCH_SUFFIXES = ("Model", "ForSequenceClassification", "ForTokenClassification", "ForRewardModel")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     """Which model, in which precision, with how long a context (``None``: the model's own limit).
 
-    Also answers what vLLM plugins read from vLLM's ``ModelConfig``: ``runner_type`` (always ``"generate"``),
+    ``runner`` is vLLM's ``--runner``: ``"generate"``, ``"pooling"`` (embedding, classification, scoring), or
+    ``"auto"``: pooling for a sentence-transformers folder, a ``*ForSequenceClassification`` (or token
+    classification, reward) architecture or a bare encoder (``BertModel``), generate otherwise. ``convert``
+    (``"embed"``, ``"classify"``) turns a decoder checkpoint into a pooling model; ``pooler_config`` overrides the
+    pooler's defaults (``pooling_type``, ``normalize``, ``dimensions``, ``use_activation``).
+
+    Also answers what vLLM plugins read from vLLM's ``ModelConfig``: ``runner_type`` (the resolved ``runner``),
     ``tokenizer_mode``, ``tokenizer_revision`` / ``revision`` (the Hub revisions asked for), ``hf_config``,
     ``hf_text_config``, ``vocab_size`` / ``get_vocab_size()`` and ``get_hidden_size()``.
     """
 
-    # What vLLM's ModelConfig says for the one kind of model vllite runs (a generative model from a local folder).
-    runner_type: ClassVar[str] = "generate"
     tokenizer_mode: ClassVar[str] = "auto"
 
     model: str | None = None  # a local folder: EngineArgs resolves a Hub id to its snapshot folder
@@ -62,6 +73,9 @@ class ModelConfig:
     # "auto": default sampling parameters from the model folder's generation_config.json; "vllm": none;
     # any other value: a folder holding a generation_config.json.
     generation_config: str = "auto"
+    runner: str = "auto"
+    convert: str = "auto"
+    pooler_config: dict[str, Any] | None = None
 
     # transformers' config of the model folder (what vLLM plugins read as ``model_config.hf_config``): read
     # once when the config is created, if the folder has a config.json; the executor reports a missing one.
@@ -73,6 +87,18 @@ class ModelConfig:
 
             hf_config = load_hf_config(self.model, trust_remote_code=self.trust_remote_code)
             object.__setattr__(self, "hf_config", hf_config)  # part of construction, not a later mutation
+
+    @property
+    def runner_type(self) -> str:
+        """``"generate"`` or ``"pooling"``: the ``runner`` asked for, or the one the checkpoint implies."""
+        if self.runner != "auto":
+            return self.runner
+        if self.convert in ("embed", "classify") or self.pooler_config is not None:
+            return "pooling"
+        architectures = getattr(self.hf_config, "architectures", None) or []
+        pooling_arch = any(a.endswith(_POOLING_ARCH_SUFFIXES) for a in architectures)
+        folder = self.model or ""
+        return "pooling" if pooling_arch or os.path.isfile(os.path.join(folder, "modules.json")) else "generate"
 
     @property
     def hf_text_config(self) -> Any:
@@ -230,6 +256,20 @@ class EngineConfig:
             device_config=device_config,
         )
 
+    def for_model(self, no_chunked_prefill: str | None, no_prefix_caching: str | None) -> EngineConfig:
+        """A copy with chunked prefill and prefix caching turned off where the model rules them out (the
+        arguments say why; ``None``: the model does not). The reasons are logged."""
+        config = self
+        if no_chunked_prefill and self.scheduler_config.enable_chunked_prefill:
+            logger.info("Chunked prefill is off: %s", no_chunked_prefill)
+            sched = dataclasses.replace(self.scheduler_config, enable_chunked_prefill=False)
+            config = dataclasses.replace(config, scheduler_config=sched)
+        if no_prefix_caching and self.cache_config.enable_prefix_caching:
+            logger.info("Prefix caching is off: %s", no_prefix_caching)
+            cache = dataclasses.replace(self.cache_config, enable_prefix_caching=False)
+            config = dataclasses.replace(config, cache_config=cache)
+        return config
+
     def _token_budget(self, max_model_len: int) -> int:
         """The per-step token budget for ``max_model_len``; ``ValueError`` when it cannot hold one full-length
         prompt without chunking."""
@@ -294,6 +334,18 @@ class EngineArgs:
     dtype: str = field(default="auto", metadata=_help("Model dtype.", choices=DTYPES))
     quantization: str | None = field(
         default=None, metadata=_help("Quantized weights: compressed-tensors, gptq (default: auto).", aliases=("-q",))
+    )
+    runner: str = field(
+        default="auto", metadata=_help("generate, or pooling (embeddings, classification, scores).", choices=RUNNERS)
+    )
+    convert: str = field(
+        default="auto", metadata=_help("Run a decoder checkpoint as an embed or classify model.", choices=CONVERTS)
+    )
+    pooler_config: dict[str, Any] | None = field(
+        default=None,
+        metadata=_help(
+            'Pooler overrides as JSON: {"pooling_type": "MEAN", "normalize": true, ...}.', cli_type=_json_dict
+        ),
     )
     max_model_len: int | None = field(default=None, metadata=_help("Context length (default: the model's)."))
     seed: int = field(default=0, metadata=_help("Seed for sampling without a per-request seed."))
@@ -520,6 +572,9 @@ class EngineArgs:
             trust_remote_code=self.trust_remote_code,
             skip_tokenizer_init=self.skip_tokenizer_init,
             generation_config=self.generation_config,
+            runner=self.runner,
+            convert=self.convert,
+            pooler_config=self.pooler_config,
         )
 
     def _lora_config(self) -> LoRAConfig | None:

@@ -40,6 +40,11 @@ class ModelInfo(msgspec.Struct, frozen=True):
     vocab_size: int
     eos_token_ids: tuple[int, ...] = ()
     sliding_window: int | None = None
+    supported_tasks: tuple[str, ...] = ("generate",)  # a pooling model's: its pooling tasks (vllite.pooling_params)
+    # Why this model cannot run a prompt in chunks, or reuse cached prefixes (a pooling model's pooler or an
+    # encoder's bidirectional attention needs every position of the prompt in one step); None: it can.
+    no_chunked_prefill: str | None = None
+    no_prefix_caching: str | None = None
 
 
 class KVCacheInfo(msgspec.Struct, frozen=True):

@@ -52,3 +52,94 @@ class RequestOutput:
     kv_transfer_params: dict[str, Any] | None = None
     lora_request: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PoolingOutput:
+    """What a pooling model returns for one input: a float32 tensor (a vector, or one row per token)."""
+
+    data: Any
+
+
+@dataclass
+class PoolingRequestOutput:
+    """The finished output of one pooling request; ``outputs`` is a :class:`PoolingOutput` or a typed view."""
+
+    request_id: str
+    outputs: Any
+    prompt_token_ids: list[int]
+    finished: bool = True
+    num_cached_tokens: int = 0
+    error: str | None = None  # why the request failed (``outputs.data`` is then None)
+
+    @classmethod
+    def from_base(cls, output: PoolingRequestOutput) -> Any:
+        """The typed view (``EmbeddingRequestOutput`` and the others) of a plain pooling output."""
+        view: Any = getattr(cls, "_view", None)
+        outputs = view.from_base(output.outputs) if view is not None else output.outputs
+        return cls(output.request_id, outputs, output.prompt_token_ids, output.finished, output.num_cached_tokens)
+
+
+@dataclass
+class EmbeddingOutput:
+    """One input's embedding vector."""
+
+    embedding: list[float]
+
+    @classmethod
+    def from_base(cls, output: PoolingOutput) -> EmbeddingOutput:
+        if output.data.dim() != 1:
+            raise ValueError(f"an embedding is one vector; this output has shape {list(output.data.shape)}.")
+        return cls(output.data.tolist())
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass
+class ClassificationOutput:
+    """One input's class probabilities (or raw scores, with ``use_activation=False``)."""
+
+    probs: list[float]
+
+    @classmethod
+    def from_base(cls, output: PoolingOutput) -> ClassificationOutput:
+        if output.data.dim() != 1:
+            raise ValueError(f"class probabilities are one vector; this output has shape {list(output.data.shape)}.")
+        return cls(output.data.tolist())
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.probs)
+
+
+@dataclass
+class ScoringOutput:
+    """The relevance score of one text pair."""
+
+    score: float
+
+    @classmethod
+    def from_base(cls, output: PoolingOutput) -> ScoringOutput:
+        if output.data.numel() != 1:
+            raise ValueError(f"a score is one number; this output has shape {list(output.data.shape)}.")
+        return cls(float(output.data.reshape(()).item()))
+
+
+class EmbeddingRequestOutput(PoolingRequestOutput):
+    """``LLM.embed``'s output: ``outputs.embedding``."""
+
+    _view = EmbeddingOutput
+
+
+class ClassificationRequestOutput(PoolingRequestOutput):
+    """``LLM.classify``'s output: ``outputs.probs``."""
+
+    _view = ClassificationOutput
+
+
+class ScoringRequestOutput(PoolingRequestOutput):
+    """``LLM.score``'s output: ``outputs.score``."""
+
+    _view = ScoringOutput

@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from vllite.lora.request import LoRARequest
+from vllite.pooling_params import PoolingParams
 from vllite.sampling_params import SamplingParams
 
 FINISH_REASON_STRINGS = ("stop", "length", "abort", "error", "repetition")
@@ -79,6 +80,8 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     data_parallel_rank: int | None = None
     # Data parallel in lockstep: the wave the client believed current when it sent the request.
     current_wave: int = 0
+    # A request to a pooling model carries these instead of sampling_params.
+    pooling_params: PoolingParams | None = None
 
     @property
     def params(self) -> SamplingParams:
@@ -169,6 +172,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     num_nans_in_logits: int = 0
     # Why the request failed (``finish_reason`` ERROR): the plugin, the hook and the exception, or the check.
     error: str | None = None
+    # A pooling request's result (a float32 tensor, carried as a raw buffer), on its finishing output.
+    pooling_output: Any = None
 
     @property
     def finished(self) -> bool:
@@ -222,6 +227,7 @@ class EngineInfo(msgspec.Struct, frozen=True):
     sliding_window: int | None = None
     scheduler: str = ""
     dp_stats_address: str | None = None  # data parallel: where the coordinator publishes engine stats
+    supported_tasks: tuple[str, ...] = ("generate",)  # "generate", or the pooling tasks of a pooling model
 
 
 class EngineShutdownState(enum.IntEnum):

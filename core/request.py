@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from vllite.lora import LoRARequest
+    from vllite.pooling_params import PoolingParams
     from vllite.protocol import EngineCoreEvent, EngineCoreRequest, FinishReason
     from vllite.sampling_params import SamplingParams
     from vllite.structured_output.request import StructuredOutputRequest
@@ -72,6 +73,15 @@ def _finished_reasons() -> dict[RequestStatus, FinishReason]:
 BlockHasher = Callable[["Request"], list[bytes]]
 
 
+@functools.cache
+def _pooling_sampling_params() -> SamplingParams:
+    """What the scheduler sees of a pooling request: one step past its prompt. It finishes when the model runner
+    returns its pooled output, at the end of its prefill, and never samples."""
+    from vllite.sampling_params import SamplingParams
+
+    return SamplingParams(max_tokens=1, temperature=0.0)
+
+
 class Request:
     """One request inside the engine core.
 
@@ -93,6 +103,7 @@ class Request:
         lora_request: LoRARequest | None = None,
         block_hasher: BlockHasher | None = None,
         trace_headers: dict[str, str] | None = None,
+        pooling_params: PoolingParams | None = None,
     ) -> None:
         self.request_id = request_id
         self.client_index = client_index
@@ -104,6 +115,7 @@ class Request:
         self.lora_request = lora_request
         self.lora_name = lora_request.lora_name if lora_request is not None else None
         self.trace_headers = trace_headers
+        self.pooling_params = pooling_params
 
         self.prompt_token_ids = list(prompt_token_ids)
         self.num_prompt_tokens = len(self.prompt_token_ids)
@@ -139,12 +151,16 @@ class Request:
 
     @classmethod
     def from_engine_core_request(cls, request: EngineCoreRequest, block_hasher: BlockHasher | None = None) -> Request:
-        if request.sampling_params is None:
-            raise ValueError(f"Request {request.request_id!r} has no sampling_params.")
+        sampling_params = request.sampling_params
+        if request.pooling_params is not None:
+            sampling_params = _pooling_sampling_params()
+        elif sampling_params is None:
+            raise ValueError(f"Request {request.request_id!r} has neither sampling_params nor pooling_params.")
         return cls(
             request_id=request.request_id,
             prompt_token_ids=request.prompt_token_ids or [],
-            sampling_params=request.sampling_params,
+            sampling_params=sampling_params,
+            pooling_params=request.pooling_params,
             eos_token_id=request.eos_token_id,
             arrival_time=request.arrival_time,
             client_index=request.client_index,

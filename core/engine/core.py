@@ -110,6 +110,7 @@ class EngineCore:
     def _settle_limits(self, config: EngineConfig) -> tuple[EngineInfo, EngineConfig]:
         model_info = self.model_executor.model_info
         kv_cache = self.model_executor.initialize_kv_cache()
+        config = config.for_model(model_info.no_chunked_prefill, model_info.no_prefix_caching)
         engine_config = config.with_limits(kv_cache.max_model_len, kv_cache.num_blocks)
         info = EngineInfo(
             max_model_len=kv_cache.max_model_len,
@@ -119,6 +120,7 @@ class EngineCore:
             vocab_size=model_info.vocab_size,
             eos_token_ids=model_info.eos_token_ids,
             sliding_window=model_info.sliding_window,
+            supported_tasks=model_info.supported_tasks,
         )
         return info, engine_config
 

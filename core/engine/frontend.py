@@ -22,6 +22,7 @@ import msgspec
 from vllite.config import EngineConfig, ModelConfig
 from vllite.engine.input_processor import PromptType
 from vllite.lora import LoRARequest
+from vllite.pooling_params import PoolingParams
 from vllite.protocol import EngineCoreRequest, EngineInfo
 from vllite.sampling_params import SamplingParams
 
@@ -116,7 +117,7 @@ class Frontend:
         self,
         request_id: str,
         prompt: PromptType,
-        params: SamplingParams | None = None,
+        params: SamplingParams | PoolingParams | None = None,
         *,
         arrival_time: float | None = None,
         priority: int = 0,
@@ -131,6 +132,18 @@ class Frontend:
         from vllite.engine.input_processor import extract_prompt_text
         from vllite.engine.parallel_sampling import ParentRequest
         from vllite.logits_processor import validate_sampling_params
+
+        if isinstance(params, PoolingParams):
+            pooling = self.input_processor.process_inputs(
+                engine_request_id(request_id),
+                prompt,
+                params,
+                arrival_time=arrival_time or time.time(),
+                priority=priority,
+                lora_request=lora_request,
+            )
+            self.output_processor.add_request(pooling, None, None, 0, queue, external_req_id=request_id)
+            return [pooling]
 
         request = self.input_processor.process_inputs(
             engine_request_id(request_id),

@@ -13,9 +13,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from vllite.config import ModelConfig
+from vllite.engine.pooling import pooling_request
+from vllite.engine.request_checks import check_task
 from vllite.engine.tokenizer import AnyTokenizer, apply_chat_template
 from vllite.lora import LoRAConfig, LoRARequest
 from vllite.model_files import load_generation_config
+from vllite.pooling_params import PoolingParams
 from vllite.protocol import EngineCoreRequest, EngineInfo
 from vllite.sampling_params import SamplingParams
 from vllite.structured_output.params import StructuredOutputsConfig
@@ -86,7 +89,7 @@ class InputProcessor:
         self,
         request_id: str,
         prompt: PromptType,
-        params: SamplingParams,
+        params: SamplingParams | PoolingParams,
         *,
         arrival_time: float | None = None,
         priority: int = 0,
@@ -97,6 +100,12 @@ class InputProcessor:
         """Builds the ``EngineCoreRequest`` for one prompt; the caller's ``params`` are never modified."""
         if not isinstance(request_id, str):
             raise TypeError(f"request_id must be a string, got {type(request_id)}")
+        if isinstance(params, PoolingParams):
+            arrival = time.time() if arrival_time is None else arrival_time
+            return pooling_request(
+                self, request_id, prompt, params, arrival_time=arrival, priority=priority, lora_request=lora_request
+            )
+        check_task("", "generate", self.engine_info)
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}.")
         if not isinstance(priority, int) or isinstance(priority, bool):
@@ -137,7 +146,7 @@ class InputProcessor:
         return apply_chat_template(self.tokenizer, messages, **kwargs)
 
     # ------------------------------------------------------------------ steps
-    def _tokenize(self, prompt: PromptType, params: SamplingParams) -> tuple[list[int], str | None]:
+    def _tokenize(self, prompt: PromptType, params: SamplingParams | PoolingParams) -> tuple[list[int], str | None]:
         salt = None
         if isinstance(prompt, str):
             token_ids = self._encode(prompt)

@@ -9,16 +9,19 @@ from typing import Any, cast
 
 from vllite.config import EngineArgs
 from vllite.engine.input_processor import PromptType
+from vllite.engine.llm_pooling import LLMPoolingAPI
 from vllite.lora import LoRARequest
 from vllite.outputs import RequestOutput
+from vllite.pooling_params import PoolingParams
 from vllite.sampling_params import RequestOutputKind, SamplingParams
 
 
-class LLM:
-    """An engine for offline batched generation.
+class LLM(LLMPoolingAPI):
+    """An engine for offline batched generation, or, for a pooling model, embeddings, classes and scores
+    (:class:`~vllite.engine.llm_pooling.LLMPoolingAPI`).
 
-    ``model`` is a local model folder (default: the embedded demo model). Other keyword arguments are
-    ``EngineArgs`` fields (``max_model_len``, ``scheduler_cls``, ``enable_prefix_caching``, ...).
+    ``model`` is a local model folder or Hub id (default: the embedded demo model). Other keyword arguments are
+    ``EngineArgs`` fields (``max_model_len``, ``scheduler_cls``, ``runner``, ``enable_prefix_caching``, ...).
     """
 
     def __init__(
@@ -132,14 +135,14 @@ class LLM:
     def _add_requests(
         self,
         prompts: list[PromptType],
-        params_list: list[SamplingParams],
+        params_list: Sequence[SamplingParams | PoolingParams],
         priority: list[int] | None,
         loras: list[LoRARequest | None],
     ) -> None:
         added: list[str] = []
         try:
             for i, (prompt, params) in enumerate(zip(prompts, params_list)):
-                if params.output_kind != RequestOutputKind.FINAL_ONLY:
+                if isinstance(params, SamplingParams) and params.output_kind != RequestOutputKind.FINAL_ONLY:
                     # Offline generation only needs the final result (and n > 1 samples come back together).
                     params = params.clone()
                     params.output_kind = RequestOutputKind.FINAL_ONLY

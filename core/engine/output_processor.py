@@ -20,6 +20,7 @@ from vllite import deprecated_aliases
 from vllite.engine.detokenizer import IncrementalDetokenizer
 from vllite.engine.logprobs import LogprobsProcessor
 from vllite.engine.parallel_sampling import ParentRequest
+from vllite.engine.pooling import PoolingRequestState
 from vllite.engine.stats import IterationStats, RequestStateStats
 from vllite.exceptions import RequestProcessingError
 from vllite.outputs import CompletionOutput, RequestOutput
@@ -197,9 +198,13 @@ class OutputProcessor:
         if req_id in self.request_states:
             raise ValueError(f"Request id {req_id!r} is already running.")
         external = external_req_id or (parent_req.external_req_id if parent_req is not None else req_id)
-        state = RequestState(
-            request, external, prompt, self.tokenizer, parent_req, request_index, queue, self.log_stats
-        )
+        state: Any
+        if request.pooling_params is not None:
+            state = PoolingRequestState(request, external, queue)
+        else:
+            state = RequestState(
+                request, external, prompt, self.tokenizer, parent_req, request_index, queue, self.log_stats
+            )
         self.request_states[req_id] = state
         if parent_req is not None:
             self.parent_requests[parent_req.request_id] = parent_req
@@ -223,6 +228,9 @@ class OutputProcessor:
         for output in outputs:
             state = self.request_states.get(output.request_id)
             if state is None:
+                continue
+            if isinstance(state, PoolingRequestState):
+                self._process_pooling_output(state, output, result)
                 continue
             try:
                 self._process_output(state, output, now, result, iteration_stats)
@@ -265,6 +273,18 @@ class OutputProcessor:
             self._finish_request(state)
             if not output.finished:
                 result.reqs_to_abort.append(state.request_id)
+
+    def _process_pooling_output(
+        self, state: PoolingRequestState, output: EngineCoreOutput, result: OutputProcessorOutput
+    ) -> None:
+        pooled = state.make_output(output)
+        if pooled is None:
+            return
+        if state.queue is not None:
+            state.queue.put(pooled)
+        else:
+            result.request_outputs.append(pooled)  # type: ignore[arg-type]
+        self._finish_request(state)  # type: ignore[arg-type]
 
     def _fail_request(self, state: RequestState, exc: Exception, result: OutputProcessorOutput) -> None:
         """Finishes the request whose output could not be processed (all ``n > 1`` siblings with it) with

@@ -26,7 +26,18 @@ def check_request(request: Request, info: EngineInfo) -> None:
     if len(prompt) > info.max_model_len:
         raise ValueError(f"{prefix} the prompt has {len(prompt)} tokens, more than max_model_len={info.max_model_len}.")
     _check_ids(prefix, "prompt_token_ids", prompt, info.vocab_size)
-    _check_params(prefix, request.sampling_params, info.vocab_size)
+    check_task(prefix, request.pooling_params.task if request.pooling_params is not None else "generate", info)
+    if request.pooling_params is None:
+        _check_params(prefix, request.sampling_params, info.vocab_size)
+
+
+def check_task(prefix: str, task: str | None, info: EngineInfo) -> None:
+    """Raises ``ValueError`` naming the model's tasks when it does not support ``task``."""
+    if task not in info.supported_tasks:
+        asked = "generation" if task == "generate" else f"the pooling task {task!r}"
+        raise ValueError(
+            f"{prefix} this model does not support {asked}; it supports: {', '.join(info.supported_tasks)}."
+        )
 
 
 def _check_params(prefix: str, params: SamplingParams, vocab_size: int) -> None:

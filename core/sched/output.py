@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from vllite.kv_connector.base import KVConnectorOutput
     from vllite.lora import LoRARequest
+    from vllite.pooling_params import PoolingParams
     from vllite.request import Request
     from vllite.sampling_params import SamplingParams
 
@@ -28,6 +29,7 @@ class NewRequestData:
     # Output tokens so far: non-empty only when a preempted request is re-admitted.
     output_token_ids: list[int] = field(default_factory=list)
     lora_request: LoRARequest | None = None
+    pooling_params: PoolingParams | None = None  # a request to a pooling model
 
     @classmethod
     def from_request(cls, request: Request, block_ids: list[int]) -> NewRequestData:
@@ -39,6 +41,7 @@ class NewRequestData:
             num_computed_tokens=request.num_computed_tokens,
             output_token_ids=list(request.output_token_ids),
             lora_request=request.lora_request,
+            pooling_params=request.pooling_params,
         )
 
 
@@ -111,6 +114,9 @@ class ModelRunnerOutput:
     failed_requests: dict[str, str] | None = None
     # The KV connector's results of this step (finished transfers, failed loads); None without a connector.
     kv_connector_output: KVConnectorOutput | None = None
+    # A pooling model's results: req_id -> the pooled tensor of each request whose prompt completed this step
+    # (it finishes with it); None for a generating model.
+    pooler_output: dict[str, Any] | None = None
 
     @classmethod
     def empty(cls) -> ModelRunnerOutput:

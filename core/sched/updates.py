@@ -74,6 +74,7 @@ def _apply_sampled_to_scheduled(
     fail_after_step = scheduler.fail_after_step
     index_of, sampled = model_runner_output.req_id_to_index, model_runner_output.sampled_token_ids
     no_drafts = not scheduler_output.scheduled_spec_decode_tokens
+    pooled = model_runner_output.pooler_output
     requests = scheduler.requests
     for request_id in scheduler_output.num_scheduled_tokens:
         request = requests.get(request_id)
@@ -94,6 +95,8 @@ def _apply_sampled_to_scheduled(
             new_token_ids = apply_sampled_tokens(request, scheduler_output, model_runner_output, max_model_len)
         if new_token_ids and request.structured_output_request is not None:
             advance_grammar(request, new_token_ids)  # a terminated grammar finishes the request (stop)
+        if pooled is not None and request_id in pooled and not request.is_finished():
+            request.status = RequestStatus.FINISHED_STOPPED  # a pooling request ends with its pooled output
         stopped = request.is_finished()
         if stopped:
             if was_running:
@@ -102,6 +105,8 @@ def _apply_sampled_to_scheduled(
                 stopped_waiting.append(request)
             scheduler._free_request(request)
         output = make_request_output(request, new_token_ids, stopped, model_runner_output, row_starts)
+        if pooled is not None and output is not None and stopped:
+            output.pooling_output = pooled.get(request_id)
         if output is not None:
             outputs[request.client_index].append(output)
     _remove_stopped(scheduler, stopped_running, stopped_waiting)

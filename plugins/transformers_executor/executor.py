@@ -22,6 +22,7 @@ import gc
 import logging
 from typing import Any
 
+import msgspec
 import torch
 
 from vllite.exceptions import DeviceUnavailableError, ExecutorAsleepError, KVCacheMemoryError, ModelLoadError
@@ -90,6 +91,21 @@ class DefaultExecutor(Executor):
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
             self._cuda_free_at_start = torch.cuda.mem_get_info(self.device)[0]
+        # The model's own limit may later shrink to what the KV cache holds; a length the user asked for may not.
+        self._may_shrink_context = mc.max_model_len is None
+        # The runner (and the logits processors it builds) read the context length this executor settled on.
+        self.config = self.config.with_limits(max_model_len)
+        self._num_blocks: int | None = None
+        self._kv_connector: KVConnectorBase | None = None
+        eos = getattr(getattr(hf_config, "text_config", None) or hf_config, "eos_token_id", None)
+        info = ModelInfo(
+            max_model_len=max_model_len,
+            vocab_size=self.spec.vocab_size,
+            eos_token_ids=tuple(eos if isinstance(eos, (list, tuple)) else () if eos is None else (eos,)),
+            sliding_window=uniform_sliding_window(hf_config),
+        )
+        if mc.runner_type == "pooling":
+            return self._init_pooling_runner(info)
         model = load_model(
             str(mc.model),
             hf_config,
@@ -98,19 +114,35 @@ class DefaultExecutor(Executor):
             trust_remote_code=mc.trust_remote_code,
             quantization=mc.quantization,
         )
-        # The model's own limit may later shrink to what the KV cache holds; a length the user asked for may not.
-        self._may_shrink_context = mc.max_model_len is None
-        # The runner (and the logits processors it builds) read the context length this executor settled on.
-        self.config = self.config.with_limits(max_model_len)
         self.runner = ModelRunner(self.config, model, self.spec, self.device, self.dtype)
-        self._num_blocks: int | None = None
-        self._kv_connector: KVConnectorBase | None = None
-        eos = getattr(getattr(hf_config, "text_config", None) or hf_config, "eos_token_id", None)
-        return ModelInfo(
-            max_model_len=max_model_len,
-            vocab_size=self.spec.vocab_size,
-            eos_token_ids=tuple(eos if isinstance(eos, (list, tuple)) else () if eos is None else (eos,)),
-            sliding_window=uniform_sliding_window(hf_config),
+        return info
+
+    def _init_pooling_runner(self, info: ModelInfo) -> ModelInfo:
+        """Loads the model as a pooling model (``--runner pooling``) and builds its runner."""
+        from vllite.plugins.transformers_executor.pooling import (
+            PoolingModelRunner,
+            load_pooling_model,
+            resolve_pooling_setup,
+        )
+
+        mc = self.config.model_config
+        if self.config.logits_processors:
+            raise ValueError("Pooling models do not sample, so they take no --logits-processors.")
+        if self.config.speculative_config is not None or self.config.scheduler_config.async_scheduling:
+            raise ValueError("Pooling models finish with their prompt: --speculative-config and --async-scheduling "
+                             "do not apply to them.")  # fmt: skip
+        if self.config.lora_config is not None:
+            raise ValueError("LoRA adapters on pooling models are not supported yet; start without --enable-lora.")
+        setup = resolve_pooling_setup(str(mc.model), self.hf_config, mc.convert, mc.pooler_config)
+        loaded = load_pooling_model(
+            str(mc.model), self.hf_config, setup, self.dtype, self.device, trust_remote_code=mc.trust_remote_code
+        )
+        self.runner = PoolingModelRunner(self.config, loaded, self.spec, self.device, self.dtype)
+        return msgspec.structs.replace(
+            info,
+            supported_tasks=setup.supported_tasks,
+            no_chunked_prefill=loaded.no_chunked_prefill,
+            no_prefix_caching=loaded.no_prefix_caching,
         )
 
     @staticmethod
@@ -254,6 +286,8 @@ class DefaultExecutor(Executor):
 
     # ------------------------------------------------------------------ sleep / shutdown
     def _sleep(self, level: int) -> None:
+        if level == 2 and hasattr(self.runner, "pooler"):
+            raise ValueError("A pooling model sleeps at level 1 only (its weights move to the CPU memory).")
         self.runner.free_kv_cache()
         model = self.runner.model
         if level == 1:

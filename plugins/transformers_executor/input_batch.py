@@ -24,6 +24,7 @@ from vllite.sampling_params import SamplingType
 
 if TYPE_CHECKING:
     from vllite.lora import LoRARequest
+    from vllite.pooling_params import PoolingParams
     from vllite.sampling_params import SamplingParams
 
 
@@ -42,6 +43,7 @@ class CachedRequestState:
     # Prompt positions whose prompt logprobs were already returned (they are not returned twice).
     num_prompt_logprobs_done: int = 0
     lora_request: LoRARequest | None = None  # the adapter its tokens run with (None: the base model)
+    pooling_params: PoolingParams | None = None  # a request to a pooling model
 
     @property
     def num_prompt_tokens(self) -> int:

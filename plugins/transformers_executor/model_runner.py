@@ -313,6 +313,7 @@ class ModelRunner:
                 generator=self._generator_for(new.sampling_params, previous, len(new.output_token_ids)),
                 block_ids=list(new.block_ids),
                 num_computed_tokens=new.num_computed_tokens,
+                pooling_params=new.pooling_params,
                 output_token_ids=list(new.output_token_ids),
                 num_prompt_logprobs_done=(
                     previous.num_prompt_logprobs_done
