@@ -250,9 +250,9 @@ def test_model_load_errors(tmp_path: Path, model_dirs: dict[str, Path]) -> None:
         num_hidden_layers=1,
         num_attention_heads=2,
         intermediate_size=16,
-        architectures=["BertModel"],
+        architectures=["BertForMaskedLM"],  # neither a causal LM nor a pooling model (BertModel runs as one)
     ).save_pretrained(odd)
-    with pytest.raises(ModelLoadError, match="Unsupported model architecture BertModel"):
+    with pytest.raises(ModelLoadError, match="Unsupported model architecture BertForMaskedLM"):
         DefaultExecutor(make_config(odd))
 
 

@@ -28,15 +28,18 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import msgspec
+
 from vllite.config import EngineArgs, EngineConfig
 from vllite.engine.input_processor import PromptType
 from vllite.engine.stats import IterationStats
 from vllite.exceptions import EngineClientClosedError, EngineDeadError, RequestProcessingError
 from vllite.lora import LoRARequest
-from vllite.outputs import RequestOutput
+from vllite.outputs import PoolingRequestOutput, RequestOutput
 from vllite.plugins.engine_proc.stat_loggers import StatLogger, StatLoggerFactory, build_stat_loggers
+from vllite.pooling_params import PoolingParams
 from vllite.protocol import EngineCoreOutputs
-from vllite.sampling_params import SamplingParams
+from vllite.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +109,7 @@ class AsyncLLM:
         self,
         request_id: str,
         prompt: PromptType,
-        params: SamplingParams | None = None,
+        params: SamplingParams | PoolingParams | None = None,
         *,
         arrival_time: float | None = None,
         priority: int = 0,
@@ -130,7 +133,8 @@ class AsyncLLM:
             or not 0 <= data_parallel_rank < size
         ):
             raise ValueError(f"data_parallel_rank must be an integer in [0, {size}), got {data_parallel_rank!r}.")
-        queue = RequestOutputCollector(output_kind=params.output_kind)
+        kind = params.output_kind if isinstance(params, SamplingParams) else RequestOutputKind.FINAL_ONLY
+        queue = RequestOutputCollector(output_kind=kind)
         for request in self.frontend.prepare(
             request_id,
             prompt,
@@ -171,6 +175,11 @@ class AsyncLLM:
             data_parallel_rank=data_parallel_rank,
             lora_request=lora_request,
         )
+        async for output in self._outputs(queue, request_id):
+            yield output
+
+    async def _outputs(self, queue: Any, request_id: str) -> AsyncIterator[Any]:
+        """The request's outputs from its queue until the finished one; aborts it if the consumer goes away."""
         finished = False
         try:
             while not finished:
@@ -187,6 +196,37 @@ class AsyncLLM:
             if not finished:
                 self._abort_now([request_id])
             raise
+
+    async def encode(
+        self,
+        prompt: PromptType,
+        pooling_params: PoolingParams,
+        request_id: str,
+        *,
+        lora_request: LoRARequest | None = None,
+        priority: int = 0,
+        truncate_prompt_tokens: int | None = None,
+        data_parallel_rank: int | None = None,
+    ) -> AsyncIterator[PoolingRequestOutput]:
+        """Runs one pooling request (a pooling model's task in ``pooling_params.task``) and yields its one
+        ``PoolingRequestOutput``. Errors and cancellation behave as in :meth:`generate`; a request that failed in
+        the engine comes back with ``error`` set."""
+        if truncate_prompt_tokens is not None:
+            pooling_params = msgspec.structs.replace(pooling_params, truncate_prompt_tokens=truncate_prompt_tokens)
+        queue = await self.add_request(
+            request_id,
+            prompt,
+            pooling_params,
+            priority=priority,
+            data_parallel_rank=data_parallel_rank,
+            lora_request=lora_request,
+        )
+        async for output in self._outputs(queue, request_id):
+            yield output
+
+    async def get_supported_tasks(self) -> tuple[str, ...]:
+        """What the model does: ``("generate",)``, or its pooling tasks (``"embed"``, ``"classify"``, ...)."""
+        return tuple(self.engine_core.engine_info.supported_tasks)
 
     async def abort(self, request_id: str | list[str]) -> None:
         """Aborts requests by the ids given to ``generate()``; unknown or finished ids are ignored."""

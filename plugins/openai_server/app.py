@@ -49,6 +49,9 @@ def build_app(ctx: ServerContext) -> FastAPI:
 
     app.include_router(anthropic_router(ctx))  # /v1/messages: Anthropic's key headers and error shape
     app.include_router(_plain_router(ctx))
+    from vllite.plugins.openai_server.pooling_routes import pooling_router
+
+    app.include_router(pooling_router(ctx))  # /pooling, /classify, /score, /rerank, /v2/rerank
     return app
 
 
@@ -201,6 +204,9 @@ def _v1_router(ctx: ServerContext) -> APIRouter:
     from vllite.plugins.openai_server.responses_api import add_responses_routes
 
     add_responses_routes(router, ctx)  # /v1/responses: create, retrieve, delete, cancel
+    from vllite.plugins.openai_server.pooling_routes import add_v1_pooling_routes
+
+    add_v1_pooling_routes(router, ctx)  # /v1/embeddings, /v1/score, /v1/rerank
     if ctx.loras.runtime_updating:
         _add_lora_routes(router, ctx)
     return router

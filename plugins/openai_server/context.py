@@ -9,6 +9,7 @@ from typing import Any
 from vllite.exceptions import ModelNotFoundError
 from vllite.lora import LoRARequest
 from vllite.plugins.openai_server.lora import LoRAModule, ServedLoRAs
+from vllite.plugins.openai_server.pooling_prompts import check_generating
 
 logger = logging.getLogger("vllite.server")
 
@@ -66,7 +67,9 @@ class ServerContext:
 
     async def resolve_model(self, name: str | None) -> tuple[str, LoRARequest | None]:
         """:meth:`check_model` for a generating route: the served name, and the adapter it names (``None``: the
-        base model). With runtime LoRA updates on, a name not served yet is offered to the LoRA resolvers first."""
+        base model). With runtime LoRA updates on, a name not served yet is offered to the LoRA resolvers first.
+        400 naming the model's tasks on a model that does not generate (a pooling model)."""
+        check_generating(self.engine)
         if name is not None and name not in self.settings.served_model_names:
             adapter = await self.loras.resolve(name)
             if adapter is not None:
