@@ -165,8 +165,8 @@ class DeviceUnavailableError(ExecutorError):
 
 class AttentionRoutingError(ExecutorError):
     """The model did not route attention through vllite's attention function as expected: it ran outside a
-    forward context, a layer has no ``layer_idx``, or the architecture bypasses transformers' attention
-    interface (so vllite cannot run it)."""
+    forward context, a layer has no ``layer_idx``, the architecture bypasses transformers' attention interface
+    (so vllite cannot run it), or a bidirectional (encoder) layer got an input that is not whole in its step."""
 
 
 # ---------------------------------------------------------------------------- internal invariants
