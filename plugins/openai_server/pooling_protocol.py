@@ -102,19 +102,25 @@ class RerankRequest(ActivationFields):
 # ---------------------------------------------------------------------------------------------- responses
 
 
+class ListResponse(Response, kw_only=True):
+    """vLLM's envelope of a pooling route's answer: the request's id, model and usage around ``data`` (each
+    subclass's list)."""
+
+    id: str
+    object: str = "list"
+    created: int = msgspec.field(default_factory=now)
+    model: str
+    usage: UsageInfo
+
+
 class EmbeddingData(Response, kw_only=True):
     index: int
     object: str = "embedding"
     embedding: list[float] | str  # a base64 string of little-endian float32 with encoding_format="base64"
 
 
-class EmbeddingResponse(Response, kw_only=True):
-    id: str
-    object: str = "list"
-    created: int = msgspec.field(default_factory=now)
-    model: str
+class EmbeddingResponse(ListResponse, kw_only=True):
     data: list[EmbeddingData]
-    usage: UsageInfo
 
 
 class PoolingData(Response, kw_only=True):
@@ -123,13 +129,8 @@ class PoolingData(Response, kw_only=True):
     data: Any  # the pooled tensor as nested lists, or base64 of its float32 values
 
 
-class PoolingResponse(Response, kw_only=True):
-    id: str
-    object: str = "list"
-    created: int = msgspec.field(default_factory=now)
-    model: str
+class PoolingResponse(ListResponse, kw_only=True):
     data: list[PoolingData]
-    usage: UsageInfo
 
 
 class ClassificationData(Response):
@@ -139,13 +140,8 @@ class ClassificationData(Response):
     num_classes: int
 
 
-class ClassificationResponse(Response, kw_only=True):
-    id: str
-    object: str = "list"
-    created: int = msgspec.field(default_factory=now)
-    model: str
+class ClassificationResponse(ListResponse, kw_only=True):
     data: list[ClassificationData]
-    usage: UsageInfo
 
 
 class ScoreData(Response, kw_only=True):
@@ -154,13 +150,8 @@ class ScoreData(Response, kw_only=True):
     score: float
 
 
-class ScoreResponse(Response, kw_only=True):
-    id: str
-    object: str = "list"
-    created: int = msgspec.field(default_factory=now)
-    model: str
+class ScoreResponse(ListResponse, kw_only=True):
     data: list[ScoreData]
-    usage: UsageInfo
 
 
 class RerankDocument(Response):
