@@ -88,6 +88,7 @@ def truncation_length(ctx: ServerContext, truncate_prompt_tokens: int | None) ->
 
 
 def need_tokenizer(ctx: ServerContext, param: str) -> Any:
+    """The server's tokenizer; 400 on ``param`` when the server runs without one (text needs it)."""
     if ctx.tokenizer is None:
         raise BadRequestError(
             "Text inputs need a tokenizer, and this server has none (--skip-tokenizer-init): send token ids.",

@@ -114,26 +114,36 @@ class ListResponse(Response, kw_only=True):
 
 
 class EmbeddingData(Response, kw_only=True):
+    """One input's embedding: floats, or base64 of little-endian float32."""
+
     index: int
     object: str = "embedding"
     embedding: list[float] | str  # a base64 string of little-endian float32 with encoding_format="base64"
 
 
 class EmbeddingResponse(ListResponse, kw_only=True):
+    """``/v1/embeddings``' answer (OpenAI's shape)."""
+
     data: list[EmbeddingData]
 
 
 class PoolingData(Response, kw_only=True):
+    """One input's pooled tensor as nested lists."""
+
     index: int
     object: str = "pooling"
     data: Any  # the pooled tensor as nested lists, or base64 of its float32 values
 
 
 class PoolingResponse(ListResponse, kw_only=True):
+    """``/pooling``'s answer."""
+
     data: list[PoolingData]
 
 
 class ClassificationData(Response):
+    """One input's class probabilities and the most likely label."""
+
     index: int
     label: str | None
     probs: list[float]
@@ -141,35 +151,49 @@ class ClassificationData(Response):
 
 
 class ClassificationResponse(ListResponse, kw_only=True):
+    """``/classify``'s answer."""
+
     data: list[ClassificationData]
 
 
 class ScoreData(Response, kw_only=True):
+    """One pair's relevance score."""
+
     index: int
     object: str = "score"
     score: float
 
 
 class ScoreResponse(ListResponse, kw_only=True):
+    """``/score``'s answer, one score per pair."""
+
     data: list[ScoreData]
 
 
 class RerankDocument(Response):
+    """A reranked document's text."""
+
     text: str
 
 
 class RerankResult(Response, omit_defaults=True):
+    """One document's place in a rerank: its input index and relevance score."""
+
     index: int
     relevance_score: float
     document: RerankDocument | None = None  # left out with return_documents=false
 
 
 class RerankUsage(Response):
+    """A rerank's token count."""
+
     prompt_tokens: int
     total_tokens: int
 
 
 class RerankResponse(Response):
+    """``/rerank``'s answer (Jina's and Cohere's shape): the documents, most relevant first."""
+
     id: str
     model: str
     usage: RerankUsage
