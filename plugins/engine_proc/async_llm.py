@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
 
 import msgspec
@@ -175,10 +175,11 @@ class AsyncLLM:
             data_parallel_rank=data_parallel_rank,
             lora_request=lora_request,
         )
-        async for output in self._outputs(queue, request_id):
-            yield output
+        async with contextlib.aclosing(self._outputs(queue, request_id)) as outputs:  # closed with this stream
+            async for output in outputs:
+                yield output
 
-    async def _outputs(self, queue: Any, request_id: str) -> AsyncIterator[Any]:
+    async def _outputs(self, queue: Any, request_id: str) -> AsyncGenerator[Any, None]:
         """The request's outputs from its queue until the finished one; aborts it if the consumer goes away."""
         finished = False
         try:
@@ -221,8 +222,9 @@ class AsyncLLM:
             data_parallel_rank=data_parallel_rank,
             lora_request=lora_request,
         )
-        async for output in self._outputs(queue, request_id):
-            yield output
+        async with contextlib.aclosing(self._outputs(queue, request_id)) as outputs:  # closed with this stream
+            async for output in outputs:
+                yield output
 
     async def get_supported_tasks(self) -> tuple[str, ...]:
         """What the model does: ``("generate",)``, or its pooling tasks (``"embed"``, ``"classify"``, ...)."""
