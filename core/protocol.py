@@ -82,6 +82,11 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     current_wave: int = 0
     # A request to a pooling model carries these instead of sampling_params.
     pooling_params: PoolingParams | None = None
+    # A session (streaming input): the request keeps its KV between turns and takes its input in chunks.
+    resumable: bool = False
+    # A later chunk of the live session of this id (its tokens, and its turn's sampling_params); with
+    # ``resumable`` False and no tokens: the end of the session's input.
+    continuation: bool = False
 
     @property
     def params(self) -> SamplingParams:
@@ -174,10 +179,13 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     error: str | None = None
     # A pooling request's result (a float32 tensor, carried as a raw buffer), on its finishing output.
     pooling_output: Any = None
+    # A session's turn ended (``finish_reason`` says why) and the session waits for its next input chunk.
+    session_open: bool = False
 
     @property
     def finished(self) -> bool:
-        return self.finish_reason is not None
+        """Whether the request is over: a finish reason that does not only end a session's turn."""
+        return self.finish_reason is not None and not self.session_open
 
 
 class UtilityResult(msgspec.Struct, array_like=True, gc=False):

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import enum
 import functools
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -25,6 +27,8 @@ class RequestStatus(enum.IntEnum):
     WAITING = enum.auto()
     WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR = enum.auto()
     WAITING_FOR_REMOTE_KVS = enum.auto()
+    # A session between turns: out of the queues, waiting for its next input chunk (vllite.sched.sessions).
+    WAITING_FOR_STREAMING_REQ = enum.auto()
     RUNNING = enum.auto()
     PREEMPTED = enum.auto()
     # Finished states, in this order:
@@ -73,6 +77,22 @@ def _finished_reasons() -> dict[RequestStatus, FinishReason]:
 BlockHasher = Callable[["Request"], list[bytes]]
 
 
+@dataclass(frozen=True, slots=True)
+class StreamingUpdate:
+    """The next input chunk of a session: tokens to append and the sampling parameters of the turn they start."""
+
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    arrival_time: float
+
+    @classmethod
+    def from_request(cls, request: Request) -> StreamingUpdate | None:
+        """The update a continuation request carries; ``None`` for the end of the session's input."""
+        if not request.resumable:
+            return None
+        return cls(request.prompt_token_ids, request.sampling_params, request.arrival_time)
+
+
 @functools.cache
 def _pooling_sampling_params() -> SamplingParams:
     """What the scheduler sees of a pooling request: one step past its prompt. It finishes when the model runner
@@ -104,6 +124,8 @@ class Request:
         block_hasher: BlockHasher | None = None,
         trace_headers: dict[str, str] | None = None,
         pooling_params: PoolingParams | None = None,
+        resumable: bool = False,
+        continuation: bool = False,
     ) -> None:
         self.request_id = request_id
         self.client_index = client_index
@@ -116,6 +138,12 @@ class Request:
         self.lora_name = lora_request.lora_name if lora_request is not None else None
         self.trace_headers = trace_headers
         self.pooling_params = pooling_params
+        # A session keeps its KV between turns; chunks that arrive while a turn runs wait here (None: input ended).
+        self.resumable = resumable
+        self.continuation = continuation
+        self.streaming_queue: deque[StreamingUpdate | None] | None = deque() if resumable else None
+        # A parked session: the status its last turn ended with (restored if the session ends while parked).
+        self.last_turn_status: RequestStatus | None = None
 
         self.prompt_token_ids = list(prompt_token_ids)
         self.num_prompt_tokens = len(self.prompt_token_ids)
@@ -169,6 +197,8 @@ class Request:
             lora_request=request.lora_request,
             block_hasher=block_hasher,
             trace_headers=request.trace_headers,
+            resumable=request.resumable,
+            continuation=request.continuation,
         )
 
     # ------------------------------------------------------------------ token streams
@@ -207,6 +237,25 @@ class Request:
     def update_block_hashes(self) -> None:
         if self._block_hasher is not None:
             self.block_hashes.extend(self._block_hasher(self))
+
+    def start_next_turn(self, update: StreamingUpdate) -> None:
+        """A session's next turn: everything so far (the last sampled token included) becomes the prompt, the
+        update's tokens are appended, and the turn runs with the update's sampling parameters. The KV already
+        computed (``num_computed_tokens``) is kept, so only the new tokens are prefilled."""
+        self._all_token_ids.extend(update.prompt_token_ids)
+        self.prompt_token_ids = list(self._all_token_ids)
+        self.num_prompt_tokens = len(self.prompt_token_ids)
+        self._output_token_ids = []
+        self.spec_token_ids = []
+        self.sampling_params = update.sampling_params
+        max_tokens = update.sampling_params.max_tokens
+        self.max_tokens = max_tokens if max_tokens is not None else 1 << 62
+        self.arrival_time = update.arrival_time
+        self.status = RequestStatus.WAITING
+        self.stop_reason = None
+        self.last_turn_status = None
+        self.num_cached_tokens = -1
+        self.update_block_hashes()
 
     # ------------------------------------------------------------------ lifecycle
     def is_finished(self) -> bool:
