@@ -76,6 +76,11 @@ class KVCacheMemoryError(VlliteError, ValueError):
     """The KV cache cannot hold one sequence of ``max_model_len`` tokens in the configured memory budget."""
 
 
+class SessionClosedError(VlliteError, ValueError):
+    """An input chunk for a session that is not open: unknown, finished (or aborted), or whose input already
+    ended."""
+
+
 class VLLMValidationError(VlliteError, ValueError):
     """A request's parameter is invalid (vLLM's name: a processor's ``validate_params`` raises it, and it is
     served as ``vllm.exceptions.VLLMValidationError``). ``parameter`` and ``value`` name what was rejected."""

@@ -18,10 +18,11 @@ def config_with(policy_args: dict[str, Any], **config_kw: Any):
     return dataclasses.replace(config, scheduler_config=sched)
 
 
-def test_base_scheduler_accepts_no_policy_args() -> None:
-    assert Scheduler.accepted_policy_args == {}
-    Scheduler(config_with({}), 16, step_observer=None)
-    with pytest.raises(ValueError, match=r"Unknown policy_args key\(s\) 'ttl'\. Scheduler accepts no policy_args"):
+def test_base_scheduler_accepts_only_the_session_timeout() -> None:
+    assert set(Scheduler.accepted_policy_args) == {"session_idle_timeout_s"}
+    assert Scheduler(config_with({}), 16, step_observer=None).session_idle_timeout_s == 60.0
+    assert Scheduler(config_with({"session_idle_timeout_s": 5}), 16, step_observer=None).session_idle_timeout_s == 5.0
+    with pytest.raises(ValueError, match=r"Unknown policy_args key\(s\) 'ttl'\..*session_idle_timeout_s"):
         Scheduler(config_with({"ttl": 1}), 16, step_observer=None)
 
 

@@ -138,6 +138,9 @@ class EngineCore:
         """
         if isinstance(request, EngineCoreRequest):
             request = self.preprocess_add_request(request)
+        if request.continuation:
+            self._add_session_chunk(request)
+            return
         if request.request_id in getattr(self.scheduler, "requests", {}):
             raise ValueError(f"Request id {request.request_id!r} is already in the engine.")
         try:
@@ -151,6 +154,17 @@ class EngineCore:
             message = str(exc) if isinstance(exc, (ValueError, VlliteError)) else f"{type(exc).__name__}: {exc}"
             logger.error("Rejected request %r: %s", request.request_id, message)
             self._pending_errors.append((request, message))
+
+    def _add_session_chunk(self, chunk: Request) -> None:
+        """The next input chunk of a live session; one for a session that is not open is rejected (an ERROR output
+        for that id), as is one too long for the session's context (which ends the session)."""
+        try:
+            if chunk.resumable:
+                check_request(chunk, self.info, session_chunk=True)
+            self.scheduler.add_session_chunk(chunk)
+        except (ValueError, VlliteError) as exc:
+            logger.error("Rejected input chunk of session %r: %s", chunk.request_id, exc)
+            self._pending_errors.append((chunk, str(exc)))
 
     def abort_requests(self, request_ids: list[str]) -> None:
         """Aborts requests the client gave up on (it already knows: no finish output is sent)."""
@@ -348,6 +362,21 @@ class EngineCore:
         if self.config.lora_config is None:
             raise ValueError("LoRA is not enabled: start the engine with enable_lora=True (--enable-lora).")
         return self.model_executor
+
+    # ------------------------------------------------------------------ profiling and worker RPC (vLLM's names)
+    def profile(self, is_start: bool = True, profile_prefix: str | None = None) -> None:
+        """Starts (``is_start``) or stops the executor's profiler; a stop writes the trace."""
+        self.model_executor.profile(is_start, profile_prefix)
+
+    def collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        timeout: float | None = None,
+        args: tuple[Any, ...] | list[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        """Calls ``method`` on every worker of the executor; the results in worker order."""
+        return self.model_executor.collective_rpc(method, timeout, tuple(args), kwargs)
 
     # ------------------------------------------------------------------ facts (also reachable over RPC)
     def get_request_counts(self) -> tuple[int, int]:

@@ -123,16 +123,20 @@ class Frontend:
         priority: int = 0,
         queue: Any = None,
         lora_request: LoRARequest | None = None,
+        resumable: bool = False,
     ) -> list[EngineCoreRequest]:
         """Validates one prompt, registers its output state and returns the request(s) to send to the engine.
 
         Raises ``ValueError`` for a bad prompt or parameter before anything is registered. ``queue`` (async use)
-        receives the request's ``RequestOutput``s.
+        receives the request's ``RequestOutput``s. ``resumable``: the prompt is the first input chunk of a session
+        (``vllite.engine.sessions``); later chunks go through :meth:`prepare_session_chunk`.
         """
         from vllite.engine.input_processor import extract_prompt_text
         from vllite.engine.parallel_sampling import ParentRequest
         from vllite.logits_processor import validate_sampling_params
 
+        if resumable:
+            self._check_session(params if params is not None else self.default_sampling_params())
         if isinstance(params, PoolingParams):
             pooling = self.input_processor.process_inputs(
                 engine_request_id(request_id),
@@ -145,13 +149,15 @@ class Frontend:
             self.output_processor.add_request(pooling, None, None, 0, queue, external_req_id=request_id)
             return [pooling]
 
+        params = params or self.default_sampling_params()
         request = self.input_processor.process_inputs(
             engine_request_id(request_id),
             prompt,
-            params or self.default_sampling_params(),
+            params,
             arrival_time=arrival_time or time.time(),
             priority=priority,
             lora_request=lora_request,
+            resumable=resumable,
         )
         # Every loaded logits processor checks its per-request arguments now, not mid-batch.
         validate_sampling_params(self.logitsproc_classes, request.params)
@@ -167,3 +173,36 @@ class Frontend:
             self.output_processor.add_request(child, prompt_text, parent, index, queue)
             children.append(child)
         return children
+
+    def prepare_session_chunk(
+        self, engine_request_id: str, prompt: PromptType | None, params: SamplingParams | None = None
+    ) -> EngineCoreRequest:
+        """The next input chunk of the open session ``engine_request_id`` (its engine id), registered with its output
+        state; ``prompt`` None ends the session's input. ``params`` None: the previous turn's. ``ValueError``
+        (``SessionClosedError``) when the session is not open, or for a bad chunk."""
+        from vllite.engine.input_processor import extract_prompt_text
+        from vllite.logits_processor import validate_sampling_params
+
+        output_processor = self.output_processor
+        previous = output_processor.session_params(engine_request_id)
+        if prompt is None:
+            request = EngineCoreRequest(engine_request_id, [], previous, None, time.time(), continuation=True)
+            output_processor.add_session_chunk(request, None)
+            return request
+        params = params or previous
+        self._check_session(params)
+        request = self.input_processor.process_inputs(
+            engine_request_id, prompt, params, arrival_time=time.time(), resumable=True, continuation=True
+        )
+        validate_sampling_params(self.logitsproc_classes, request.params)
+        output_processor.add_session_chunk(request, extract_prompt_text(prompt))
+        return request
+
+    def _check_session(self, params: SamplingParams | PoolingParams) -> None:
+        from vllite.engine.sessions import check_session_params
+
+        if isinstance(params, PoolingParams):
+            raise ValueError("A session (streaming input) needs a generative model's SamplingParams.")
+        if self.config.scheduler_config.async_scheduling:
+            raise ValueError("Sessions (streaming input) need the engine without --async-scheduling.")
+        check_session_params(params)

@@ -96,8 +96,13 @@ class InputProcessor:
         cache_salt: str | None = None,
         trace_headers: Mapping[str, str] | None = None,
         lora_request: LoRARequest | None = None,
+        resumable: bool = False,
+        continuation: bool = False,
     ) -> EngineCoreRequest:
-        """Builds the ``EngineCoreRequest`` for one prompt; the caller's ``params`` are never modified."""
+        """Builds the ``EngineCoreRequest`` for one prompt; the caller's ``params`` are never modified.
+
+        ``resumable``: the request is a session; ``continuation``: the prompt is a later input chunk of one, which
+        may be empty and whose text is tokenized without special tokens."""
         if not isinstance(request_id, str):
             raise TypeError(f"request_id must be a string, got {type(request_id)}")
         if isinstance(params, PoolingParams):
@@ -110,12 +115,13 @@ class InputProcessor:
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}.")
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise TypeError(f"priority must be an integer, got {priority!r}.")
-        token_ids, prompt_salt = self._tokenize(prompt, params)
+        token_ids, prompt_salt = self._tokenize(prompt, params, add_special_tokens=not continuation)
         if cache_salt is None:
             cache_salt = prompt_salt
         if cache_salt is not None and not isinstance(cache_salt, str):
             raise TypeError(f"cache_salt must be a string, got {type(cache_salt).__name__}.")
-        self._validate_prompt(token_ids)
+        if token_ids or not continuation:
+            self._validate_prompt(token_ids)
         sampling_params = self._finalize_params(params, len(token_ids))
         return EngineCoreRequest(
             request_id=request_id,
@@ -127,6 +133,8 @@ class InputProcessor:
             cache_salt=cache_salt,
             priority=priority,
             trace_headers=dict(trace_headers) if trace_headers else None,
+            resumable=resumable,
+            continuation=continuation,
         )
 
     def _check_lora(self, lora_request: LoRARequest | None) -> LoRARequest | None:
@@ -146,10 +154,12 @@ class InputProcessor:
         return apply_chat_template(self.tokenizer, messages, **kwargs)
 
     # ------------------------------------------------------------------ steps
-    def _tokenize(self, prompt: PromptType, params: SamplingParams | PoolingParams) -> tuple[list[int], str | None]:
+    def _tokenize(
+        self, prompt: PromptType, params: SamplingParams | PoolingParams, *, add_special_tokens: bool = True
+    ) -> tuple[list[int], str | None]:
         salt = None
         if isinstance(prompt, str):
-            token_ids = self._encode(prompt)
+            token_ids = self._encode(prompt, add_special_tokens)
         elif isinstance(prompt, Mapping):
             unknown = set(prompt) - {"prompt", "prompt_token_ids", "cache_salt", "type", "arrival_time"}
             if unknown:
@@ -158,7 +168,7 @@ class InputProcessor:
             if prompt.get("prompt_token_ids") is not None:
                 token_ids = _check_token_list(prompt["prompt_token_ids"])
             elif isinstance(prompt.get("prompt"), str):
-                token_ids = self._encode(prompt["prompt"])
+                token_ids = self._encode(prompt["prompt"], add_special_tokens)
             else:
                 raise ValueError("A dict prompt needs 'prompt' (a string) or 'prompt_token_ids' (a list of ints).")
         elif isinstance(prompt, Sequence) and not isinstance(prompt, (bytes, bytearray)):
@@ -175,13 +185,13 @@ class InputProcessor:
                 token_ids = token_ids[-keep:]
         return token_ids, salt
 
-    def _encode(self, text: str) -> list[int]:
+    def _encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if self.tokenizer is None:
             raise ValueError(
                 "Text prompts need a tokenizer, but this engine was started without one "
                 "(skip_tokenizer_init); pass {'prompt_token_ids': [...]} instead."
             )
-        return [int(t) for t in self.tokenizer.encode(text)]
+        return [int(t) for t in self.tokenizer.encode(text, add_special_tokens=add_special_tokens)]
 
     def _validate_prompt(self, token_ids: list[int]) -> None:
         if not token_ids:

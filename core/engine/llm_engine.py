@@ -7,6 +7,7 @@ It ties the ``InputProcessor`` (prompt → ``EngineCoreRequest``), an engine cli
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from vllite.config import EngineArgs, EngineConfig
@@ -51,14 +52,39 @@ class LLMEngine:
         arrival_time: float | None = None,
         priority: int = 0,
         lora_request: LoRARequest | None = None,
+        resumable: bool = False,
     ) -> str:
-        """Validates and submits one prompt; returns the request id. Raises ``ValueError`` on bad input."""
+        """Validates and submits one prompt; returns the request id. Raises ``ValueError`` on bad input.
+
+        ``resumable``: the prompt is the first input chunk of a session (``vllite.engine.sessions``): each turn's
+        outputs end with its finish reason and ``finished`` False; :meth:`add_session_input` appends the next chunk
+        and :meth:`close_session_input` ends the input.
+        """
         prepared = self.frontend.prepare(
-            request_id, prompt, params, arrival_time=arrival_time, priority=priority, lora_request=lora_request
+            request_id,
+            prompt,
+            params,
+            arrival_time=arrival_time,
+            priority=priority,
+            lora_request=lora_request,
+            resumable=resumable,
         )
         for request in prepared:
             self.engine_core.add_request(request)
         return request_id
+
+    def add_session_input(self, request_id: str, prompt: PromptType, params: SamplingParams | None = None) -> None:
+        """Sends the next input chunk of the open session ``request_id``; its turn starts once the running turn (if
+        any) ends. ``params`` None: the previous turn's. ``SessionClosedError`` (a ``ValueError``) when the session is
+        not open."""
+        engine_id = self.output_processor.session_engine_id(request_id)
+        self.engine_core.add_request(self.frontend.prepare_session_chunk(engine_id, prompt, params))
+
+    def close_session_input(self, request_id: str) -> None:
+        """Ends the input of the open session ``request_id``: once its running turn (if any) ends, the session
+        finishes (its last output has ``finished`` True) and the engine frees its KV."""
+        engine_id = self.output_processor.session_engine_id(request_id)
+        self.engine_core.add_request(self.frontend.prepare_session_chunk(engine_id, None))
 
     def abort_request(self, request_ids: str | list[str]) -> None:
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
@@ -123,6 +149,28 @@ class LLMEngine:
 
     def pin_lora(self, lora_id: int) -> bool:
         return self.engine_core.pin_lora(lora_id)
+
+    def start_profile(self, profile_prefix: str | None = None) -> None:
+        """Starts ``torch.profiler`` in the engine (traces go to ``$VLLITE_TORCH_PROFILER_DIR``)."""
+        self.engine_core.profile(True, profile_prefix)
+
+    def stop_profile(self) -> None:
+        """Stops the engine's profiler; the trace is written when this returns."""
+        self.engine_core.profile(False)
+
+    def collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        timeout: float | None = None,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        """Calls ``method`` (a worker method's name, or in-process a callable ``fn(worker, *args, **kwargs)``) on
+        every worker of every engine; their results in order (vLLM's ``collective_rpc``)."""
+        results = self.engine_core.collective_rpc(method, timeout, args, kwargs)
+        if self.config.parallel_config.data_parallel_size > 1:  # one list per engine
+            return [result for engine_results in results for result in engine_results]
+        return list(results)
 
     def shutdown(self) -> None:
         self.engine_core.shutdown()

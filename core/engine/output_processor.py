@@ -16,16 +16,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import msgspec
+
 from vllite import deprecated_aliases
 from vllite.engine.detokenizer import IncrementalDetokenizer
 from vllite.engine.logprobs import LogprobsProcessor
 from vllite.engine.parallel_sampling import ParentRequest
 from vllite.engine.pooling import PoolingRequestState
+from vllite.engine.sessions import SessionStateMixin, SessionTurns, session_of
 from vllite.engine.stats import IterationStats, RequestStateStats
-from vllite.exceptions import RequestProcessingError
+from vllite.exceptions import RequestProcessingError, SessionClosedError
 from vllite.outputs import CompletionOutput, RequestOutput
 from vllite.protocol import EngineCoreOutput, EngineCoreRequest, FinishReason
-from vllite.sampling_params import RequestOutputKind
+from vllite.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +47,9 @@ class OutputProcessorOutput:
     reqs_to_abort: list[str] = field(default_factory=list)
 
 
-class RequestState:
-    """Client-side state of one (child) request: ids, prompt, detokenizer, logprobs, output kind, queue."""
+class RequestState(SessionStateMixin):
+    """Client-side state of one (child) request: ids, prompt, detokenizer, logprobs, output kind, queue; for a
+    session, its turns (``vllite.engine.sessions``)."""
 
     def __init__(
         self,
@@ -58,27 +62,40 @@ class RequestState:
         queue: OutputQueue | None = None,
         log_stats: bool = False,
     ) -> None:
-        params = request.params
         self.request_id = request.request_id
         self.external_req_id = external_req_id
         self.parent_req = parent_req
         self.request_index = request_index
         self.lora_request = request.lora_request
+        self.tokenizer = tokenizer
+        self.log_stats = log_stats
+        self.queue = queue
+        self.error: str | None = None  # the engine's message for an ERROR finish
+        self.session = SessionTurns(context_token_ids=[]) if request.resumable else None
+        self.start_turn(request, prompt)
+
+    def start_turn(self, request: EngineCoreRequest, prompt: str | None) -> None:
+        """The per-request (for a session: per-turn) state: prompt, detokenizer, logprobs, output kind, stats."""
+        params = request.params
+        prompt_token_ids = request.prompt_token_ids or []
+        session = self.session
+        if session is not None:
+            session.context_token_ids.extend(prompt_token_ids)
+            session.awaiting_input, session.params = False, params
+            prompt_token_ids = list(session.context_token_ids)
+            request = msgspec.structs.replace(request, prompt_token_ids=prompt_token_ids)
         self.output_kind = params.output_kind
         self.prompt = prompt
-        self.prompt_token_ids = request.prompt_token_ids
-        self.prompt_len = len(request.prompt_token_ids or ())
-        if not params.detokenize:
-            tokenizer = None
+        self.prompt_token_ids = prompt_token_ids
+        self.prompt_len = len(prompt_token_ids)
+        tokenizer = self.tokenizer if params.detokenize else None
         self.detokenizer = IncrementalDetokenizer.from_new_request(tokenizer, request)
         self.logprobs_processor = LogprobsProcessor.from_new_request(tokenizer, request)
         self.max_tokens_param = params.max_tokens
         self.n, self.top_p, self.temperature = params.n, params.top_p, params.temperature
-        self.queue = queue
         self.num_cached_tokens = 0
         self.is_prefilling = True
-        self.error: str | None = None  # the engine's message for an ERROR finish
-        self.stats = RequestStateStats(arrival_time=request.arrival_time) if log_stats else None
+        self.stats = RequestStateStats(arrival_time=request.arrival_time) if self.log_stats else None
 
     def make_request_output(
         self,
@@ -86,12 +103,15 @@ class RequestState:
         finish_reason: FinishReason | None,
         stop_reason: int | str | None,
         kv_transfer_params: dict[str, Any] | None = None,
+        *,
+        session_open: bool = False,
     ) -> RequestOutput | None:
-        """The output to emit now, or None (FINAL_ONLY before the end, or n>1 siblings still running)."""
-        finished = finish_reason is not None
-        if not finished and self.output_kind == RequestOutputKind.FINAL_ONLY:
+        """The output to emit now, or None (FINAL_ONLY before the end, or n>1 siblings still running).
+        ``session_open``: the finish reason only ends a session's turn, so the output is not ``finished``."""
+        if finish_reason is None and self.output_kind == RequestOutputKind.FINAL_ONLY:
             return None
         completion = self._new_completion_output(new_token_ids, finish_reason, stop_reason)
+        finished = finish_reason is not None and not session_open
         external_req_id = self.external_req_id
         if self.parent_req is None:
             outputs = [completion]
@@ -261,7 +281,9 @@ class OutputProcessor:
         if stop_string is not None:
             finish_reason, stop_reason = FinishReason.STOP, stop_string
         state.logprobs_processor.update_from_output(output)
-        request_output = state.make_request_output(new_token_ids, finish_reason, stop_reason, output.kv_transfer_params)
+        request_output = state.make_request_output(
+            new_token_ids, finish_reason, stop_reason, output.kv_transfer_params, session_open=output.session_open
+        )
         if request_output is not None:
             if state.queue is not None:
                 state.queue.put(request_output)
@@ -270,9 +292,39 @@ class OutputProcessor:
         if finish_reason is not None:
             if stats is not None and iteration_stats is not None:
                 iteration_stats.record_finished(str(finish_reason), state.prompt_len, stats)
+            if output.session_open:
+                state.end_turn(state.detokenizer.output_token_ids, self._empty_chunk(state))
+                return
             self._finish_request(state)
             if not output.finished:
                 result.reqs_to_abort.append(state.request_id)
+
+    def add_session_chunk(self, chunk: EngineCoreRequest, prompt: str | None) -> None:
+        """Registers the next input chunk (or, ``resumable`` False, the end of the input) of the live session
+        ``chunk.request_id`` (an engine id), before it is sent; ``SessionClosedError`` when no session is open."""
+        state = self.request_states.get(chunk.request_id)
+        session_of(state, chunk.request_id)
+        assert isinstance(state, RequestState)
+        state.queue_chunk(chunk, prompt)
+
+    def session_engine_id(self, request_id: str) -> str:
+        """The engine id of the open session whose caller id (or engine id) is ``request_id``."""
+        for engine_id in (request_id, *self.external_req_ids.get(request_id, ())):
+            state = self.request_states.get(engine_id)
+            if getattr(state, "session", None) is not None:
+                return engine_id
+        raise SessionClosedError(f"Session {request_id!r} is not open (unknown, finished, or its input already ended).")
+
+    def session_params(self, request_id: str) -> SamplingParams:
+        """The sampling parameters of the latest turn of the open session ``request_id`` (an engine id)."""
+        params = session_of(self.request_states.get(request_id), request_id).params
+        assert params is not None
+        return params
+
+    @staticmethod
+    def _empty_chunk(state: RequestState) -> EngineCoreRequest:
+        assert state.session is not None and state.session.params is not None
+        return EngineCoreRequest(state.request_id, [], state.session.params, None, time.time(), resumable=True)
 
     def _process_pooling_output(
         self, state: PoolingRequestState, output: EngineCoreOutput, result: OutputProcessorOutput

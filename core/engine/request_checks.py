@@ -17,12 +17,15 @@ if TYPE_CHECKING:
     from vllite.sampling_params import SamplingParams
 
 
-def check_request(request: Request, info: EngineInfo) -> None:
-    """Raises ``ValueError`` (the request id, the field and the allowed range) if ``request`` is unsafe to run."""
+def check_request(request: Request, info: EngineInfo, *, session_chunk: bool = False) -> None:
+    """Raises ``ValueError`` (the request id, the field and the allowed range) if ``request`` is unsafe to run.
+    ``session_chunk``: a later input chunk of a session, which may be empty (the turn only generates)."""
     prefix = f"Request {request.request_id!r}:"
     prompt = request.prompt_token_ids
-    if not prompt:
+    if not prompt and not session_chunk:
         raise ValueError(f"{prefix} the prompt is empty.")
+    if request.resumable and (request.pooling_params is not None or request.use_structured_output):
+        raise ValueError(f"{prefix} a session (resumable request) cannot use pooling or structured outputs.")
     if len(prompt) > info.max_model_len:
         raise ValueError(f"{prefix} the prompt has {len(prompt)} tokens, more than max_model_len={info.max_model_len}.")
     _check_ids(prefix, "prompt_token_ids", prompt, info.vocab_size)

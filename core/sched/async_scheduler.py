@@ -26,6 +26,7 @@ from vllite.sched.scheduler import Scheduler
 if TYPE_CHECKING:
     from vllite.config import EngineConfig
     from vllite.protocol import EngineCoreOutputs
+    from vllite.request import Request
     from vllite.sched.interface import SchedulerInterface
     from vllite.sched.output import ModelRunnerOutput, SchedulerOutput
 
@@ -55,6 +56,15 @@ class AsyncSchedulingMixin(Scheduler):
         super().__init__(*args, **kwargs)
         # Per step scheduled and not yet updated, in order: the requests that hold a placeholder for it.
         self._placeholder_steps: deque[list[str]] = deque()
+
+    def add_request(self, request: Request) -> None:
+        """As the policy's, but a session is refused: its turn could end with a step in flight for it."""
+        if request.resumable:
+            raise ValueError(
+                f"Request {request.request_id!r} is a session (resumable request); sessions need the engine "
+                "without --async-scheduling."
+            )
+        super().add_request(request)
 
     def schedule(self) -> SchedulerOutput:
         """The policy's step; each request whose scheduled tokens reach its end gets a placeholder."""

@@ -117,3 +117,9 @@ class SchedulerInterface(ABC):
     def get_kv_connector(self) -> object | None:
         """The KV connector, if any."""
         return self.connector
+
+    def add_session_chunk(self, chunk: Request) -> None:
+        """The next input chunk of a live session (a resumable request). Default: sessions are not supported."""
+        from vllite.exceptions import SessionClosedError
+
+        raise SessionClosedError(f"The scheduler {type(self).__name__} does not support sessions (resumable requests).")

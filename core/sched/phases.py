@@ -23,6 +23,7 @@ from vllite.protocol import EngineCoreEventType
 from vllite.request import Request, RequestStatus
 from vllite.sched.async_placeholders import num_new_tokens_ahead
 from vllite.sched.faults import never_fits, never_fits_message
+from vllite.sched.sessions import release_for_memory
 
 if TYPE_CHECKING:
     from vllite.kv_cache import KVCacheBlocks
@@ -109,6 +110,8 @@ def allocate_or_preempt(
         )
         if new_blocks is not None:
             return new_blocks, req_index
+        if release_for_memory(scheduler):
+            continue  # a parked session's blocks were released: retry
         hook = "on_running_allocation_failed"
         try:
             if scheduler.on_running_allocation_failed(request):
@@ -268,6 +271,8 @@ def _retry_blocked_head(scheduler: Scheduler, request: Request, num_needed: int,
     """The head of the waiting queue cannot get blocks for ``num_needed`` tokens. True when admission goes on with
     the (possibly new) head: the policy or the KV connector released blocks, or the request can never fit and was
     failed (as it was when ``on_admission_blocked`` raised); False when admission stops for this step."""
+    if release_for_memory(scheduler):
+        return True  # a parked session's blocks were released: try again
     try:
         released = scheduler.on_admission_blocked(request)
     except Exception as exc:

@@ -26,6 +26,7 @@ from vllite.sched.output import ModelRunnerOutput, NewRequestData, SchedulerOutp
 from vllite.sched.phases import admit_waiting, schedule_running
 from vllite.sched.policy_args import check_policy_args
 from vllite.sched.request_queue import FCFSRequestQueue, RequestQueue
+from vllite.sched.sessions import SessionHolds, add_chunk, release_all, release_expired
 from vllite.sched.spec_decode import SpecDecodingTracker
 from vllite.sched.step_state import StepState, make_step_record
 from vllite.sched.updates import update_from_output
@@ -58,6 +59,11 @@ class Scheduler(SchedulerInterface):
       outside the scheduler's requests (e.g. pins) and retry, or stop admitting for this step.
     - :meth:`on_running_allocation_failed` — a running request cannot get KV blocks: release blocks held outside
       the scheduler's requests (e.g. pins) and retry, or fall through to preempting a running request.
+    - :meth:`session_hold_seconds` — how long a session parked between turns keeps its KV blocks.
+    - :meth:`on_session_resumed` — bookkeeping when a session's next input chunk starts its next turn.
+
+    Sessions (resumable requests, ``vllite.sched.sessions``) are the algorithm's: a parked session's held blocks
+    are released before any of the memory hooks above is asked.
 
     Contract with the executor (``vllite.sched.output``): first-time requests and requests resumed after a
     preemption come as ``NewRequestData`` (resumed ones carry their output tokens; the workers dropped them on
@@ -70,8 +76,10 @@ class Scheduler(SchedulerInterface):
 
     #: The ``scheduler_config.policy_args`` keys this policy reads, each with a one-line description (and its
     #: default). A subclass extends its parent's: ``{**Parent.accepted_policy_args, "key": "..."}``. Any other key
-    #: is a ``ValueError`` at construction. The base algorithm reads none.
-    accepted_policy_args: ClassVar[Mapping[str, str]] = {}
+    #: is a ``ValueError`` at construction.
+    accepted_policy_args: ClassVar[Mapping[str, str]] = {
+        "session_idle_timeout_s": "how long a session parked between turns keeps its KV blocks, in seconds (60)",
+    }
 
     def __init__(
         self,
@@ -126,6 +134,7 @@ class Scheduler(SchedulerInterface):
         self.num_lookahead_tokens = sched.num_lookahead_tokens
         self.block_size = cache.block_size
         self.enable_caching = cache.enable_prefix_caching
+        self.session_idle_timeout_s = float(sched.policy_args.get("session_idle_timeout_s", 60.0))
         # Distinct LoRA adapters one step may run (None: LoRA off); see phases.admit_waiting.
         self.max_loras = config.lora_config.max_loras if config.lora_config is not None else None
 
@@ -142,6 +151,9 @@ class Scheduler(SchedulerInterface):
         # Preempted outside schedule() (reset_prefix_cache): reported in the next SchedulerOutput.
         self._preempted_between_steps: set[str] = set()
         self.failed_requests: list[Request] = []  # see vllite.sched.faults
+        # Sessions (vllite.sched.sessions): parked ones holding blocks, and those whose input ended while parked.
+        self.session_holds = SessionHolds()
+        self.closed_sessions: list[Request] = []
         self.fail_after_step: dict[str, str] = {}
         self._pause_state = PauseState.UNPAUSED
         self.step_counter = 0
@@ -193,6 +205,18 @@ class Scheduler(SchedulerInterface):
     def on_request_admitted(self, request: Request) -> None:
         """Bookkeeping for a waiting request (new or preempted) just admitted to running: its blocks, prefix-cache
         hits included, are allocated and it has left the waiting queue. Default: nothing."""
+
+    def session_hold_seconds(self, request: Request) -> float:
+        """How long the session ``request``, parked after a turn, keeps its KV blocks (0: release them at once).
+
+        Held blocks are also released earlier when another request needs blocks. Default: ``policy_args
+        session_idle_timeout_s`` (60 s).
+        """
+        return self.session_idle_timeout_s
+
+    def on_session_resumed(self, request: Request) -> None:
+        """Bookkeeping when a session's next input chunk starts its next turn (``request`` is queued, WAITING, with
+        the chunk's tokens appended and its sampling parameters). Default: nothing."""
 
     def on_admission_blocked(self, request: Request) -> bool:
         """The head of the waiting queue, ``request``, cannot get KV blocks (and nothing was preempted this step).
@@ -248,6 +272,11 @@ class Scheduler(SchedulerInterface):
         if self.log_stats:
             request.record_event(EngineCoreEventType.QUEUED, self.clock())
 
+    def add_session_chunk(self, chunk: Request) -> None:
+        """The next input chunk (or the end of the input) of the live session ``chunk.request_id``; see
+        ``vllite.sched.sessions``. ``SessionClosedError`` when no such session is open."""
+        add_chunk(self, chunk)
+
     def finish_requests(self, request_ids: str | Iterable[str] | None, finished_status: RequestStatus) -> list[Request]:
         """Finishes requests in any state (``None`` = every request) with ``finished_status``.
 
@@ -287,6 +316,7 @@ class Scheduler(SchedulerInterface):
         self.finished_req_ids_dict[request.client_index].add(request_id)
         self._preempted_between_steps.discard(request_id)
         self.fail_after_step.pop(request_id, None)
+        self.session_holds.discard(request_id)
         del self.requests[request_id]
         if self.kv_transfer is not None and self.kv_transfer.hold_finished(self, request):
             return  # its blocks go to the policy once the connector reports its transfers done
@@ -301,6 +331,8 @@ class Scheduler(SchedulerInterface):
     def schedule(self) -> SchedulerOutput:
         """Builds this step's batch (see the module docstring) and advances ``num_computed_tokens``."""
         step_start(self)
+        if self.session_holds:
+            release_expired(self)
         self.step_counter += 1
         self.kv_cache_manager.new_step_starts()
         budget = 0 if self._pause_state == PauseState.PAUSED_ALL else self.max_num_scheduled_tokens
@@ -422,6 +454,7 @@ class Scheduler(SchedulerInterface):
         """Forgets every cached block hash. Fails (False) while requests hold blocks, unless
         ``reset_running_requests``: then every running request is preempted first (reported in the next
         ``SchedulerOutput.preempted_req_ids``) and a failure raises ``KVCacheStateError``."""
+        release_all(self)  # a parked session's next turn recomputes
         if reset_running_requests:
             now = self.clock()
             while self.running:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllite.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason, LogprobsLists, SchedulerStats
 from vllite.request import Request, RequestStatus
+from vllite.sched.sessions import continue_session, keeps_session_open
 from vllite.sched.stop import check_stop
 from vllite.structured_output.bitmask import resolve_grammar_output
 from vllite.structured_output.manager import advance_grammar
@@ -28,9 +29,9 @@ def update_from_output(
     stopped requests out of the running (or waiting) list and frees them before their last output is built."""
     recomputing = _apply_step_reports(scheduler, scheduler_output, model_runner_output)
     outputs = _apply_sampled_to_scheduled(scheduler, scheduler_output, model_runner_output, recomputing)
-    for request in scheduler.failed_requests:
-        outputs[request.client_index].append(make_error_output(request))
-    scheduler.failed_requests = []
+    for request in (*scheduler.failed_requests, *scheduler.closed_sessions):
+        outputs[request.client_index].append(make_finish_output(request))
+    scheduler.failed_requests, scheduler.closed_sessions = [], []
     if model_runner_output.draft_token_ids:
         scheduler.update_draft_token_ids(model_runner_output.draft_token_ids)
     engine_core_outputs = group_by_client(outputs, scheduler.finished_req_ids_dict, scheduler.make_stats())
@@ -64,10 +65,12 @@ def _apply_sampled_to_scheduled(
 ) -> defaultdict[int, list[EngineCoreOutput]]:
     """Applies the sampled tokens (or the error) of every scheduled request still alive and not ``recomputing``;
     the requests that stopped leave the running (or waiting) list and are freed before their last output is
-    built. Returns the requests' outputs per client index."""
+    built; a session whose turn ended is not freed but continues (``vllite.sched.sessions``). Returns the
+    requests' outputs per client index."""
     outputs: defaultdict[int, list[EngineCoreOutput]] = defaultdict(list)
     stopped_running: set[Request] = set()
     stopped_waiting: list[Request] = []
+    turns_ended: list[Request] = []
     row_starts = logprob_row_starts(model_runner_output)
     max_model_len = scheduler.max_model_len
     failed = model_runner_output.failed_requests or {}
@@ -98,18 +101,26 @@ def _apply_sampled_to_scheduled(
         if pooled is not None and request_id in pooled and not request.is_finished():
             request.status = RequestStatus.FINISHED_STOPPED  # a pooling request ends with its pooled output
         stopped = request.is_finished()
+        session_open = False
         if stopped:
             if was_running:
                 stopped_running.add(request)
             else:
                 stopped_waiting.append(request)
-            scheduler._free_request(request)
+            session_open = request.resumable and keeps_session_open(request, max_model_len)
+            if session_open:
+                turns_ended.append(request)
+            else:
+                scheduler._free_request(request)
         output = make_request_output(request, new_token_ids, stopped, model_runner_output, row_starts)
         if pooled is not None and output is not None and stopped:
             output.pooling_output = pooled.get(request_id)
         if output is not None:
+            output.session_open = session_open
             outputs[request.client_index].append(output)
     _remove_stopped(scheduler, stopped_running, stopped_waiting)
+    for request in turns_ended:
+        continue_session(scheduler, request)
     return outputs
 
 
@@ -133,12 +144,13 @@ def _remove_stopped(scheduler: Scheduler, stopped_running: set[Request], stopped
         scheduler.waiting.remove_requests(stopped_waiting)
 
 
-def make_error_output(request: Request) -> EngineCoreOutput:
-    """The finish output of a request failed outside the model's output (during ``schedule()``)."""
+def make_finish_output(request: Request) -> EngineCoreOutput:
+    """The finish output of a request that ended outside the model's output: failed during ``schedule()``, or a
+    session whose input ended while it was parked."""
     return EngineCoreOutput(
         request_id=request.request_id,
         new_token_ids=[],
-        finish_reason=FinishReason.ERROR,
+        finish_reason=request.get_finished_reason() or FinishReason.ERROR,
         events=request.take_events(),
         num_cached_tokens=max(request.num_cached_tokens, 0),
         error=request.error,

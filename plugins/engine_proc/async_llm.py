@@ -25,18 +25,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Sequence
 from typing import Any
 
 import msgspec
 
 from vllite.config import EngineArgs, EngineConfig
 from vllite.engine.input_processor import PromptType
+from vllite.engine.sessions import StreamingInput
 from vllite.engine.stats import IterationStats
 from vllite.exceptions import EngineClientClosedError, EngineDeadError, RequestProcessingError
 from vllite.lora import LoRARequest
 from vllite.outputs import PoolingRequestOutput, RequestOutput
 from vllite.plugins.engine_proc.stat_loggers import StatLogger, StatLoggerFactory, build_stat_loggers
+from vllite.plugins.engine_proc.streaming_input import stream_session
 from vllite.pooling_params import PoolingParams
 from vllite.protocol import EngineCoreOutputs
 from vllite.sampling_params import RequestOutputKind, SamplingParams
@@ -118,6 +120,31 @@ class AsyncLLM:
     ) -> Any:
         """Validates and submits one prompt; returns its ``RequestOutputCollector``. ``data_parallel_rank``: the
         data-parallel engine that must serve it (default: the client's router chooses)."""
+        queue, _ = await self._submit(
+            request_id,
+            prompt,
+            params,
+            arrival_time=arrival_time,
+            priority=priority,
+            data_parallel_rank=data_parallel_rank,
+            lora_request=lora_request,
+        )
+        return queue
+
+    async def _submit(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams | PoolingParams | None,
+        *,
+        arrival_time: float | None = None,
+        priority: int = 0,
+        data_parallel_rank: int | None = None,
+        lora_request: LoRARequest | None = None,
+        resumable: bool = False,
+    ) -> tuple[Any, list[str]]:
+        """:meth:`add_request`, also for a session's first chunk (``resumable``); returns the output queue and the
+        engine ids sent."""
         from vllite.plugins.engine_proc.output_collector import RequestOutputCollector
 
         if self.errored:
@@ -134,7 +161,8 @@ class AsyncLLM:
         ):
             raise ValueError(f"data_parallel_rank must be an integer in [0, {size}), got {data_parallel_rank!r}.")
         kind = params.output_kind if isinstance(params, SamplingParams) else RequestOutputKind.FINAL_ONLY
-        queue = RequestOutputCollector(output_kind=kind)
+        queue = RequestOutputCollector(output_kind=kind, keep_turns=resumable)
+        engine_ids = []
         for request in self.frontend.prepare(
             request_id,
             prompt,
@@ -143,15 +171,17 @@ class AsyncLLM:
             priority=priority,
             queue=queue,
             lora_request=lora_request,
+            resumable=resumable,
         ):
             if data_parallel_rank is not None:
                 request.data_parallel_rank = data_parallel_rank
             await self.engine_core.add_request_async(request)
-        return queue
+            engine_ids.append(request.request_id)
+        return queue, engine_ids
 
     async def generate(
         self,
-        prompt: PromptType,
+        prompt: PromptType | AsyncIterable[StreamingInput],
         sampling_params: SamplingParams | None,
         request_id: str,
         *,
@@ -166,7 +196,24 @@ class AsyncLLM:
         the engine (with data parallel: the one serving it) dies, ``EngineClientClosedError`` if ``shutdown()`` is
         called meanwhile, ``RequestProcessingError`` if this request's output cannot be processed (the request is
         aborted; other streams are unaffected), ``ValueError`` for an invalid prompt or parameters.
+
+        ``prompt`` may be an async iterable of ``StreamingInput`` (vLLM's streaming input): a session whose turns
+        each append a chunk and generate, keeping the KV in between (``vllite.plugins.engine_proc.streaming_input``).
         """
+        if isinstance(prompt, AsyncIterable):  # a session's input chunks
+            session = stream_session(
+                self,
+                prompt,
+                sampling_params,
+                request_id,
+                priority=priority,
+                data_parallel_rank=data_parallel_rank,
+                lora_request=lora_request,
+            )
+            async with contextlib.aclosing(session) as outputs:
+                async for output in outputs:
+                    yield output
+            return
         queue = await self.add_request(
             request_id,
             prompt,
@@ -292,6 +339,32 @@ class AsyncLLM:
 
     async def call_utility(self, method: str, *args: Any) -> Any:
         return await self.engine_core.call_utility_async(method, *args)
+
+    async def is_paused(self) -> bool:
+        """Whether scheduling is paused (:meth:`pause_generation`, or a sleep)."""
+        return bool(await self.engine_core.call_utility_async("is_scheduler_paused"))
+
+    async def start_profile(self, profile_prefix: str | None = None) -> None:
+        """Starts ``torch.profiler`` in the engine process (traces go to ``$VLLITE_TORCH_PROFILER_DIR``)."""
+        await self.engine_core.call_utility_async("profile", True, profile_prefix)
+
+    async def stop_profile(self) -> None:
+        """Stops the engine's profiler; the trace is written when this returns."""
+        await self.engine_core.call_utility_async("profile", False, None)
+
+    async def collective_rpc(
+        self,
+        method: str,
+        timeout: float | None = None,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        """Calls the worker method named ``method`` on every worker of every engine; their results, in order (vLLM's
+        ``collective_rpc``). Results cross the process boundary as builtins, tensors, or their ``str()``."""
+        results = await self.engine_core.call_utility_async("collective_rpc", method, timeout, tuple(args), kwargs)
+        if self.config.parallel_config.data_parallel_size > 1:  # one list per engine
+            return [result for engine_results in results for result in engine_results]
+        return list(results)
 
     def shutdown(self) -> None:
         """Stops the output handler and the engine process; idempotent. Every open ``generate()`` stream wakes

@@ -136,8 +136,8 @@ class DPClient(EngineCoreClient):
         self.ensure_alive()
         engine = self.router.route(request)
         starts_wave = self.waves is not None and self.waves.stamp(request)
-        if self.retry_ledger is not None:
-            self.retry_ledger.add(request)
+        if self.retry_ledger is not None and not (request.resumable or request.continuation):
+            self.retry_ledger.add(request)  # a session's context lives in its engine: it fails with it
         try:
             self.engines[engine]._send_input(EngineCoreRequestType.ADD, request)
         except EngineDeadError:

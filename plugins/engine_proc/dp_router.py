@@ -80,10 +80,13 @@ class DPRouter:
 
     # ------------------------------------------------------------------ routing
     def route(self, request: EngineCoreRequest) -> int:
-        """Picks the engine for ``request`` and records it as in flight there. Raises ``EngineDeadError`` when no
-        engine (or the named one) is alive, ``ValueError`` for a rank out of range."""
+        """Picks the engine for ``request`` and records it as in flight there; a session's later input chunk goes
+        to the engine that holds the session. Raises ``EngineDeadError`` when no engine (or the named one) is alive,
+        ``ValueError`` for a rank out of range."""
         with self._lock:
-            engine = self._choose(request)
+            engine = self._owner.get(request.request_id) if request.continuation else None
+            if engine is None:
+                engine = self._choose(request)
             load = self.engines[engine]
             load.sent += 1
             load.in_flight.add(request.request_id)
@@ -163,7 +166,7 @@ class DPRouter:
             stats = outputs.scheduler_stats
             if stats is not None:
                 load.waiting, load.running, load.sent = stats.num_waiting_reqs, stats.num_running_reqs, 0
-            finished = [output.request_id for output in outputs.outputs if output.finish_reason is not None]
+            finished = [output.request_id for output in outputs.outputs if output.finished]
             if outputs.finished_requests:
                 finished.extend(outputs.finished_requests)
             for request_id in finished:

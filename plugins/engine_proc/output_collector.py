@@ -4,6 +4,7 @@ fills), one slot that merges DELTA outputs while the consumer lags."""
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 
 from vllite.outputs import RequestOutput
 from vllite.sampling_params import RequestOutputKind
@@ -13,32 +14,47 @@ class RequestOutputCollector:
     """A one-slot async queue of a request's outputs that merges DELTA outputs while the consumer lags.
 
     CUMULATIVE and FINAL_ONLY outputs replace the pending one (the newest is complete); an exception replaces
-    it and is raised by the getter.
+    it and is raised by the getter. ``keep_turns`` (a session): an output that ends a turn is never merged with
+    the next turn's; ended turns wait in order for the consumer.
     """
 
-    def __init__(self, output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE) -> None:
+    def __init__(self, output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE, *, keep_turns: bool = False):
         self.aggregate = output_kind == RequestOutputKind.DELTA
+        self.keep_turns = keep_turns
         self.output: RequestOutput | Exception | None = None
+        self.ended_turns: deque[RequestOutput] = deque()
         self.ready = asyncio.Event()
 
     def put(self, output: RequestOutput | Exception) -> None:
-        if isinstance(self.output, RequestOutput) and isinstance(output, RequestOutput):
+        if self.keep_turns and isinstance(output, RequestOutput) and _ends_turn(output):
+            if isinstance(self.output, Exception):
+                return
+            if isinstance(self.output, RequestOutput):
+                merge_request_outputs(self.output, output, aggregate=self.aggregate)
+                output = self.output
+            self.ended_turns.append(output)
+            self.output = None
+        elif isinstance(self.output, RequestOutput) and isinstance(output, RequestOutput):
             merge_request_outputs(self.output, output, aggregate=self.aggregate)
         elif not isinstance(self.output, Exception) or isinstance(output, Exception):
             self.output = output
         self.ready.set()
 
     async def get(self) -> RequestOutput:
-        while self.output is None:
+        while self.output is None and not self.ended_turns:
             await self.ready.wait()
         return self._take()
 
     def get_nowait(self) -> RequestOutput | None:
-        return None if self.output is None else self._take()
+        return None if self.output is None and not self.ended_turns else self._take()
 
     def _take(self) -> RequestOutput:
-        output, self.output = self.output, None
-        self.ready.clear()
+        if self.ended_turns and not isinstance(self.output, Exception):
+            output: RequestOutput | Exception | None = self.ended_turns.popleft()
+        else:
+            output, self.output = self.output, None
+        if self.output is None and not self.ended_turns:
+            self.ready.clear()
         if isinstance(output, Exception):
             raise output
         assert output is not None
@@ -67,3 +83,8 @@ def merge_request_outputs(into: RequestOutput, new: RequestOutput, *, aggregate:
             old.cumulative_logprob = completion.cumulative_logprob
             old.finish_reason, old.stop_reason = completion.finish_reason, completion.stop_reason
     into.outputs.sort(key=lambda c: c.index)
+
+
+def _ends_turn(output: RequestOutput) -> bool:
+    """Whether ``output`` ends a session's turn: a finish reason on an output that is not the last."""
+    return not output.finished and any(c.finish_reason is not None for c in output.outputs)
