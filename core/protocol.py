@@ -160,6 +160,9 @@ class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     num_preemptions: int = 0
     step_counter: int = 0
     spec_decoding_stats: SpecDecodingStats | None = None
+    # Of ``num_waiting_reqs``, those deferred by a transient constraint (a KV load or a grammar compiling) rather
+    # than waiting for capacity (vLLM's ``num_requests_waiting_by_reason``).
+    num_skipped_waiting_reqs: int = 0
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

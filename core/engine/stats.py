@@ -11,10 +11,18 @@ follow vLLM's (``vllm/v1/metrics/stats.py``), so the figures compare.
 from __future__ import annotations
 
 import time
+import weakref
+from contextvars import ContextVar
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from vllite import deprecated_aliases
-from vllite.protocol import EngineCoreEvent, EngineCoreEventType, SpecDecodingStats
+from vllite.protocol import EngineCoreEvent, EngineCoreEventType, EngineCoreRequest, SpecDecodingStats
+
+#: The W3C trace headers (``traceparent``, ``tracestate``) of the HTTP request being served, set by the server's
+#: trace-context middleware (``vllite.plugins.openai_server.tracing``): a request added while it is set, without
+#: trace headers of its own, is traced as a child of the caller's span.
+current_trace_headers: ContextVar[dict[str, str] | None] = ContextVar("vllite_trace_headers", default=None)
 
 
 @dataclass
@@ -36,6 +44,36 @@ class RequestStateStats:
     num_generation_tokens: int = 0
     num_cached_tokens: int = 0
     num_preemptions: int = 0
+    # What the request asked for (``for_request``): the finished-request metrics and the tracing span read them.
+    request_id: str = ""
+    params: RequestParamStats | None = None
+    trace_headers: dict[str, str] | None = None
+    siblings: SiblingStats | None = None  # shared by the ``n > 1`` children of one request
+
+    def __post_init__(self) -> None:
+        if self.trace_headers is None:  # made while serving an HTTP request: its trace context
+            self.trace_headers = current_trace_headers.get()
+
+    @classmethod
+    def for_request(
+        cls, request: EngineCoreRequest, external_req_id: str | None = None, parent_req: Any = None
+    ) -> RequestStateStats:
+        """The stats of a new request: its arrival time, its id (the caller's, ``external_req_id``), its sampling
+        parameters and trace headers (its own, else those of the HTTP request being served). ``parent_req`` (a
+        ``ParentRequest``) groups the children of an ``n > 1`` request, so that ``n`` and the longest child are
+        observed once, when the last child finishes."""
+        siblings = None
+        if parent_req is not None:
+            siblings = _SIBLINGS.get(parent_req)
+            if siblings is None:
+                siblings = _SIBLINGS[parent_req] = SiblingStats(remaining=int(parent_req.n))
+        return cls(
+            arrival_time=request.arrival_time,
+            request_id=external_req_id or request.request_id,
+            params=RequestParamStats.of(request.params, parent_req),
+            trace_headers=request.trace_headers,
+            siblings=siblings,
+        )
 
     @property
     def time_in_queue(self) -> float | None:
@@ -77,6 +115,7 @@ class RequestStateStats:
             self.first_token_time = now
             if iteration is not None:
                 iteration.num_prompt_tokens += prompt_len
+                iteration.prompt_token_stats.add(num_cached_tokens, 0, prompt_len)
                 iteration.time_to_first_tokens_iter.append(self.first_token_latency)
         elif iteration is not None and self.last_token_time is not None:
             iteration.inter_token_latencies_iter.append(now - self.last_token_time)
@@ -84,6 +123,82 @@ class RequestStateStats:
             iteration.num_generation_tokens += num_new_tokens
         self.last_token_time = now
         self.num_generation_tokens += num_new_tokens
+
+
+@dataclass(frozen=True)
+class RequestParamStats:
+    """The sampling parameters the metrics and traces report (``n`` is the original request's, before its children
+    were split off)."""
+
+    n: int = 1
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+
+    @classmethod
+    def of(cls, params: Any, parent_req: Any = None) -> RequestParamStats:
+        """The figures of a ``SamplingParams`` (a pooling request's params have none of them)."""
+        n = int(parent_req.n) if parent_req is not None else int(getattr(params, "n", 1) or 1)
+        return cls(
+            n=n,
+            max_tokens=getattr(params, "max_tokens", None),
+            temperature=getattr(params, "temperature", None),
+            top_p=getattr(params, "top_p", None),
+        )
+
+
+@dataclass
+class SiblingStats:
+    """The children of one ``n > 1`` request still running, and the most tokens one of them generated so far."""
+
+    remaining: int
+    max_num_generation_tokens: int = 0
+
+
+# One SiblingStats per ParentRequest, dropped with it.
+_SIBLINGS: weakref.WeakKeyDictionary[Any, SiblingStats] = weakref.WeakKeyDictionary()
+
+
+@dataclass
+class PromptTokenStats:
+    """Where one batch's prompt tokens came from (vLLM's ``prompt_tokens_by_source`` sources).
+
+    ``computed``: prefilled here; ``local_cache_hit``: found in the prefix cache; ``external_kv_transfer``: loaded
+    by a KV connector; ``cached_tokens``: skipped at prefill (cache hits and loads); ``recomputed_tokens``: cached
+    tokens computed anyway (a prompt cached whole still computes its last token, which yields the logits).
+    ``computed + local_cache_hit + external_kv_transfer - recomputed_tokens == total``.
+    """
+
+    ALL_SOURCES: ClassVar[tuple[str, ...]] = ("local_compute", "local_cache_hit", "external_kv_transfer")
+
+    computed: int = 0
+    local_cache_hit: int = 0
+    external_kv_transfer: int = 0
+    cached_tokens: int = 0
+    recomputed_tokens: int = 0
+    total: int = 0
+
+    def add(self, num_cached_tokens: int, num_external_tokens: int, prompt_len: int) -> None:
+        """Adds one request's prefill: ``num_cached_tokens`` of its ``prompt_len`` were skipped, of which
+        ``num_external_tokens`` a KV connector loaded."""
+        num_cached_tokens = max(0, min(num_cached_tokens, prompt_len))
+        recomputed = 1 if num_cached_tokens + 1 == prompt_len else 0
+        self.computed += prompt_len - num_cached_tokens
+        self.external_kv_transfer += num_external_tokens
+        self.local_cache_hit += num_cached_tokens + recomputed - num_external_tokens
+        self.cached_tokens += num_cached_tokens
+        self.recomputed_tokens += recomputed
+        self.total += prompt_len
+
+    def get_by_source(self, source: str) -> int:
+        """The tokens of one of ``ALL_SOURCES``; ``ValueError`` for another name."""
+        if source == "local_compute":
+            return self.computed
+        if source == "local_cache_hit":
+            return self.local_cache_hit
+        if source == "external_kv_transfer":
+            return self.external_kv_transfer
+        raise ValueError(f"Unknown prompt token source {source!r}; expected one of {self.ALL_SOURCES}.")
 
 
 @dataclass(frozen=True)
@@ -95,6 +210,10 @@ class FinishedRequestStats:
     ``inference_time``: first scheduled to last token (preemptions included in all of these).
     ``mean_time_per_output_token``: ``decode_time`` over the tokens after the first. An interval whose ends are
     unknown (e.g. a request that failed before its first token) is 0.0.
+
+    The rest identify the request for tracing: its id, wall-clock ``arrival_time``, ``first_token_latency``
+    (seconds from arrival to its first token), ``num_cached_tokens`` (prompt tokens it did not prefill), its
+    sampling ``params`` and the ``trace_headers`` it arrived with.
     """
 
     finish_reason: str
@@ -106,6 +225,22 @@ class FinishedRequestStats:
     decode_time: float
     inference_time: float
     mean_time_per_output_token: float
+    request_id: str = ""
+    arrival_time: float = 0.0
+    first_token_latency: float = 0.0
+    num_cached_tokens: int = 0
+    params: RequestParamStats | None = None
+    trace_headers: dict[str, str] | None = None
+
+    @property
+    def max_tokens_param(self) -> int | None:
+        """The request's ``max_tokens`` (``None``: not known, or not set)."""
+        return self.params.max_tokens if self.params is not None else None
+
+    @property
+    def num_prefill_kv_computed_tokens(self) -> int:
+        """Prompt tokens whose KV was computed at prefill (the prompt less its prefix-cache hits and loads)."""
+        return max(0, self.num_prompt_tokens - self.num_cached_tokens)
 
 
 @dataclass
@@ -117,6 +252,9 @@ class IterationStats:
     preemption events it carried. ``time_to_first_tokens_iter`` has one wall-clock TTFT (from arrival) per
     request that got its first token now; ``inter_token_latencies_iter`` one interval per request that got a
     later token, since its previous one. ``finished_requests`` has one entry per request this batch finished.
+    ``prompt_token_stats`` splits the prompt tokens by source. ``n_params_iter`` and
+    ``max_num_generation_tokens_iter`` have one entry per original request finished (all its ``n`` children
+    done): its ``n``, and the most tokens one of its sequences generated.
     """
 
     iteration_timestamp: float = field(default_factory=time.time)
@@ -126,6 +264,9 @@ class IterationStats:
     time_to_first_tokens_iter: list[float] = field(default_factory=list)
     inter_token_latencies_iter: list[float] = field(default_factory=list)
     finished_requests: list[FinishedRequestStats] = field(default_factory=list)
+    prompt_token_stats: PromptTokenStats = field(default_factory=PromptTokenStats)
+    n_params_iter: list[int] = field(default_factory=list)
+    max_num_generation_tokens_iter: list[int] = field(default_factory=list)
 
     def record_finished(self, finish_reason: str, num_prompt_tokens: int, req: RequestStateStats) -> None:
         """Adds the ``FinishedRequestStats`` of a request this batch finished (its ``req`` already updated)."""
@@ -145,8 +286,28 @@ class IterationStats:
                 decode_time=decode,
                 inference_time=inference,
                 mean_time_per_output_token=decode / later_tokens if later_tokens > 0 else 0.0,
+                request_id=req.request_id,
+                arrival_time=req.arrival_time,
+                first_token_latency=req.first_token_latency or 0.0,
+                num_cached_tokens=req.num_cached_tokens,
+                params=req.params,
+                trace_headers=req.trace_headers,
             )
         )
+        self._observe_request_params(req)
+
+    def _observe_request_params(self, req: RequestStateStats) -> None:
+        """``n`` and the longest sequence of the original request, once it is done (its last child, if ``n > 1``)."""
+        num_tokens = req.num_generation_tokens
+        siblings = req.siblings
+        if siblings is not None:
+            siblings.remaining -= 1
+            siblings.max_num_generation_tokens = max(siblings.max_num_generation_tokens, num_tokens)
+            if siblings.remaining > 0:
+                return
+            num_tokens = siblings.max_num_generation_tokens
+        self.n_params_iter.append(req.params.n if req.params is not None else 1)
+        self.max_num_generation_tokens_iter.append(num_tokens)
 
 
 @dataclass

@@ -486,6 +486,7 @@ class Scheduler(SchedulerInterface):
             num_preemptions=num_preemptions,
             step_counter=self.step_counter,
             spec_decoding_stats=self.spec_decoding.take_stats() if self.spec_decoding is not None else None,
+            num_skipped_waiting_reqs=sum(1 for r in self.waiting if RequestStatus.is_blocked_waiting(r.status)),
         )
 
     def shutdown(self) -> None:

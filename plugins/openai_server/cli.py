@@ -78,6 +78,18 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=10.0,
         help="Seconds requests in flight may run after SIGINT/SIGTERM before they are aborted (default 10).",
     )
+    add(
+        "--metrics-prefix",
+        default="vllite",
+        choices=["vllite", "vllm"],
+        help="Prefix of the /metrics names: vllite (default) or vllm (vLLM's names, for dashboards built for vLLM).",
+    )
+    add(
+        "--otlp-traces-endpoint",
+        default=None,
+        metavar="URL",
+        help="Send one OpenTelemetry span per request to this OTLP collector (e.g. http://host:4318/v1/traces).",
+    )
     EngineArgs.add_cli_args(parser)
     add_vllm_only_flags(parser)
     parser.set_defaults(disable_log_stats=False)  # a server reports metrics unless told not to
@@ -159,7 +171,7 @@ def run_server(args: argparse.Namespace) -> int:
     check_engine_args(engine_args)  # a mistake that needs no model fails in a second, before the engine starts
     sock = bind_socket(args.host, args.port)
     try:
-        engine, metrics = _start_engine(engine_args, settings)
+        engine, metrics = _start_engine(engine_args, settings, args)
         try:
             ctx = ServerContext(engine, settings, metrics=metrics)
             run_event_loop(_serve(ctx, sock, args))
@@ -188,18 +200,44 @@ def demo_model_defaults(engine_args: Any) -> None:
         engine_args.structured_outputs_config = {**config, "disable_any_whitespace": True}
 
 
-def _start_engine(engine_args: Any, settings: ServerSettings) -> tuple[Any, Any]:
-    """The engine, and its Prometheus logger (``None`` with ``--disable-log-stats``)."""
+def _start_engine(engine_args: Any, settings: ServerSettings, args: argparse.Namespace) -> tuple[Any, Any]:
+    """The engine, and its Prometheus logger (``None`` with ``--disable-log-stats``); with
+    ``--otlp-traces-endpoint``, a request tracer among its stat loggers (stats are then collected even with
+    ``--disable-log-stats``, as tracing needs them)."""
     from vllite.plugins.engine_proc.async_llm import AsyncLLM
 
     demo_model_defaults(engine_args)
-    if engine_args.disable_log_stats:
-        return AsyncLLM.from_engine_args(engine_args), None
-    from vllite.plugins.openai_server.metrics import PrometheusStatLogger
-
     name = settings.served_model_names[0]
-    engine = AsyncLLM.from_engine_args(engine_args, stat_loggers=[lambda info: PrometheusStatLogger(name, info)])
-    return engine, engine.stat_loggers[0]
+    loggers: list[Any] = []
+    endpoint = getattr(args, "otlp_traces_endpoint", None)
+    if endpoint:
+        from vllite.plugins.openai_server.tracing import RequestTracer, make_tracer_provider
+
+        loggers.append(RequestTracer(make_tracer_provider(endpoint), model_name=name))
+    if engine_args.disable_log_stats and not loggers:
+        return AsyncLLM.from_engine_args(engine_args), None
+    metrics_index = None
+    if not engine_args.disable_log_stats:
+        from vllite.plugins.openai_server.metrics import PrometheusStatLogger
+
+        prefix, cache_config = getattr(args, "metrics_prefix", "vllite"), _cache_config_info(engine_args)
+        metrics_index = len(loggers)
+        loggers.append(lambda info: PrometheusStatLogger(name, info, prefix=prefix, cache_config=cache_config))
+    engine_args.disable_log_stats = False
+    engine = AsyncLLM.from_engine_args(engine_args, stat_loggers=loggers)
+    return engine, engine.stat_loggers[metrics_index] if metrics_index is not None else None
+
+
+def _cache_config_info(engine_args: Any) -> dict[str, Any]:
+    """The cache settings ``cache_config_info`` shows (vLLM's field names; the block count is the engine's)."""
+    return {
+        "block_size": engine_args.block_size,
+        "cache_dtype": getattr(engine_args, "kv_cache_dtype", "auto"),
+        "enable_prefix_caching": engine_args.enable_prefix_caching,
+        "gpu_memory_utilization": engine_args.gpu_memory_utilization or 0.9,
+        "num_gpu_blocks_override": engine_args.num_gpu_blocks_override,
+        "prefix_caching_hash_algo": engine_args.prefix_caching_hash_algo,
+    }
 
 
 def run_event_loop(main: Any) -> None:
@@ -217,7 +255,11 @@ async def _serve(ctx: ServerContext, sock: socket.socket, args: argparse.Namespa
 
     from vllite.plugins.openai_server.app import build_app
 
-    app = build_app(ctx)
+    app: Any = build_app(ctx)
+    if getattr(args, "otlp_traces_endpoint", None):
+        from vllite.plugins.openai_server.tracing import TraceContextMiddleware
+
+        app = TraceContextMiddleware(app)  # the client's traceparent becomes the parent of the request's span
     _log_to_stderr(args.uvicorn_log_level)
     await ctx.loras.load_static(ctx.settings.lora_modules)  # a bad adapter stops the start-up, naming it
     config = uvicorn.Config(
