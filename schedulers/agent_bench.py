@@ -47,8 +47,9 @@ class SchedulerTimer:
     """Time spent in a scheduler's ``schedule()`` and ``update_from_output()``, per engine step.
 
     ``seconds`` is wall-clock time (``perf_counter``); ``cpu_seconds`` is this thread's CPU time
-    (``thread_time``), which other processes on a shared machine disturb far less. Installed by wrapping the two
-    bound methods on the instance; the scheduler's code is not changed.
+    (``thread_time``), which other processes on a shared machine disturb far less. ``tokens`` counts the tokens the
+    steps scheduled (prefill, recomputation after preemptions or releases, and decode): what the model computed.
+    Installed by wrapping the two bound methods on the instance; the scheduler's code is not changed.
     """
 
     def __init__(self, scheduler: Any) -> None:
@@ -59,7 +60,10 @@ class SchedulerTimer:
             def wrapper(*args: Any, **kwargs: Any) -> Any:
                 start, cpu = time.perf_counter(), time.thread_time()
                 try:
-                    return method(*args, **kwargs)
+                    result = method(*args, **kwargs)
+                    if counts_step:
+                        self.tokens += int(getattr(result, "total_num_scheduled_tokens", 0) or 0)
+                    return result
                 finally:
                     self.cpu_seconds += time.thread_time() - cpu
                     self.seconds += time.perf_counter() - start
@@ -71,8 +75,9 @@ class SchedulerTimer:
         scheduler.update_from_output = timed(update, False)
 
     def reset(self) -> None:
-        """Forgets the steps and time measured so far."""
+        """Forgets the steps, tokens and time measured so far."""
         self.steps, self.seconds, self.cpu_seconds = 0, 0.0, 0.0
+        self.tokens = 0
 
     @property
     def ms_per_step(self) -> float:
@@ -126,6 +131,9 @@ class SimBackend:
         self.num_gpu_blocks = self.core.info.num_gpu_blocks
         self.hit_baseline = (0, 0)  # prefix-cache (queries, hits) before the replay
         self.timer = SchedulerTimer(self.scheduler)
+        # Prompt tokens computed: per finished request, prompt length - the tokens its first schedule found cached.
+        self.prompt_tokens_computed = 0
+        self._prompt_lens: dict[str, int] = {}
 
     def now(self) -> float:
         """The virtual time, in seconds."""
@@ -135,6 +143,7 @@ class SimBackend:
         """Adds a request to the engine core, stamped with the virtual arrival time."""
         from vllite.protocol import EngineCoreRequest
 
+        self._prompt_lens[request_id] = len(prompt)
         self.core.add_request(EngineCoreRequest(request_id, prompt, params, None, self.clock()))
 
     def has_work(self) -> bool:
@@ -146,7 +155,10 @@ class SimBackend:
         outputs, executed = self.core.step()
         events: StepEvents = []
         for batch in outputs.values():
-            events.extend((o.request_id, list(o.new_token_ids), o.finished) for o in batch.outputs)
+            for o in batch.outputs:
+                if o.finished and o.request_id in self._prompt_lens:
+                    self.prompt_tokens_computed += self._prompt_lens.pop(o.request_id) - o.num_cached_tokens
+                events.append((o.request_id, list(o.new_token_ids), o.finished))
         return events, executed
 
     def wait_until(self, when: float) -> None:
@@ -181,6 +193,7 @@ class RealBackend:
         self.vocab_size = core.info.vocab_size
         self.num_gpu_blocks = core.info.num_gpu_blocks
         self.profile: list[dict[str, float]] = []
+        self.prompt_tokens_computed = 0  # per finished request: prompt length - its cached tokens
         execute = core.model_executor.execute_model
 
         def profiled(scheduler_output: Any) -> Any:
@@ -207,6 +220,7 @@ class RealBackend:
         stats = self.scheduler.kv_cache_manager.prefix_cache_stats
         self.hit_baseline = (stats.queries, stats.hits)
         self.timer.reset()
+        self.prompt_tokens_computed = 0
 
     def now(self) -> float:
         """Wall time since the backend was ready, in seconds."""
@@ -224,6 +238,8 @@ class RealBackend:
         """One engine step: the request events (cumulative token ids) and ``True``."""
         events: StepEvents = []
         for out in self.engine.step():
+            if out.finished:
+                self.prompt_tokens_computed += len(out.prompt_token_ids or ()) - (out.num_cached_tokens or 0)
             events.append((out.request_id, list(out.outputs[0].token_ids), out.finished))
         return events, True
 

@@ -5,7 +5,9 @@
 ``results.csv`` (one :meth:`RunResult.summary` row per replay, with :func:`speedups` against FCFS), the measured
 step profile of real-engine runs and ``jct_vs_load.png`` (:func:`plot_jct`). The replay itself (event loop and
 backends) is :mod:`vllite.policies.agent_bench`; a live server (``engine`` an ``http(s)://`` URL) is
-:mod:`vllite.policies.agent_http`, whose figures the server does not export are ``None`` in the rows.
+:mod:`vllite.policies.agent_http`, whose figures the server does not export are ``None`` in the rows. Each replay
+runs in a mode (``stateless``: each turn a new request; ``sessions``: each job one session,
+:mod:`vllite.policies.agent_sessions`); speed-ups are against stateless FCFS.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 from vllite.policies.agent_bench import RealBackend, SimBackend, replay
 from vllite.policies.agent_http import HttpBackend, is_http_engine
+from vllite.policies.agent_sessions import RealSessionBackend, SimSessionBackend, check_mode, mode_label
 from vllite.policies.traces import Job
 
 logger = logging.getLogger(__name__)
@@ -54,6 +57,9 @@ class RunResult:
     wall_s: float = 0.0
     num_gpu_blocks: int | None = 0
     profile: list[dict[str, float]] = field(default_factory=list)  # real engine: measured step times
+    mode: str = "stateless"  # "stateless" (a request per turn) or "sessions" (a session per job)
+    prompt_tokens_computed: int | None = None  # sum over turns of context - cached tokens (None: not visible)
+    tokens_scheduled: int | None = None  # every token the steps computed (prefill, recomputation, decode)
 
     def summary(self) -> dict[str, Any]:
         """The report row: average / P50 / P90 / P95 JCT, throughput, cache and scheduler figures."""
@@ -61,6 +67,7 @@ class RunResult:
         return {
             "workload": self.workload,
             "scheduler": self.scheduler,
+            "mode": self.mode,
             "jps": self.jobs_per_s,
             "jobs": self.num_jobs,
             "completed": len(jct),
@@ -76,6 +83,8 @@ class RunResult:
             "sched_ms_per_step": self.sched_ms_per_step,
             "sched_cpu_ms_per_step": self.sched_cpu_ms_per_step,
             "num_gpu_blocks": self.num_gpu_blocks,
+            "prompt_tokens_computed": self.prompt_tokens_computed,
+            "tokens_scheduled": self.tokens_scheduled,
             "wall_s": self.wall_s,
         }
 
@@ -91,6 +100,8 @@ def _engine_figures(backend: SimBackend | RealBackend) -> dict[str, Any]:
         "steps": backend.timer.steps,
         "sched_ms_per_step": backend.timer.ms_per_step,
         "sched_cpu_ms_per_step": backend.timer.cpu_ms_per_step,
+        "prompt_tokens_computed": backend.prompt_tokens_computed,
+        "tokens_scheduled": backend.timer.tokens,
     }
 
 
@@ -104,6 +115,7 @@ def run_one(
     jobs_per_s: float,
     tool_time_scale: float = 1.0,
     seed: int = 0,
+    mode: str = "stateless",
 ) -> RunResult:
     """Replays and collects a :class:`RunResult`; shuts the backend down."""
     wall = time.perf_counter()
@@ -121,6 +133,7 @@ def run_one(
             wall_s=time.perf_counter() - wall,
             **figures,
             num_gpu_blocks=backend.num_gpu_blocks,
+            mode=mode,
         )
     finally:
         backend.shutdown()
@@ -195,13 +208,19 @@ def make_real_args(settings: BenchSettings, scheduler: str, max_context: int) ->
     return _engine_args(settings, scheduler, max_context, model=settings.model)
 
 
-def make_backend(settings: BenchSettings, scheduler: str, max_context: int) -> SimBackend | RealBackend | HttpBackend:
-    """The backend of one replay: a fresh engine (sim, real) for ``scheduler``, or the server (``scheduler`` is
-    then only a label: the server runs the scheduler it was started with)."""
+def make_backend(
+    settings: BenchSettings, scheduler: str, max_context: int, mode: str = "stateless"
+) -> SimBackend | RealBackend | HttpBackend:
+    """The backend of one replay: a fresh engine (sim, real) for ``scheduler`` replaying in ``mode``, or the server
+    (``scheduler`` is then only a label: the server runs the scheduler it was started with)."""
+    check_mode(mode, settings.engine)
+    sessions = mode == "sessions"
     if settings.engine == "sim":
-        return SimBackend(make_sim_config(settings, scheduler, max_context))
+        config = make_sim_config(settings, scheduler, max_context)
+        return SimSessionBackend(config) if sessions else SimBackend(config)
     if settings.engine == "real":
-        return RealBackend(make_real_args(settings, scheduler, max_context))
+        args = make_real_args(settings, scheduler, max_context)
+        return RealSessionBackend(args) if sessions else RealBackend(args)
     if not is_http_engine(settings.engine):
         raise ValueError(f"engine must be 'sim', 'real' or an http(s):// URL, got {settings.engine!r}.")
     backend = HttpBackend(
@@ -227,9 +246,10 @@ def run_sweep(
     schedulers: Sequence[str],
     settings: BenchSettings,
     *,
+    modes: Sequence[str] = ("stateless",),
     log: Callable[[str], None] = print,
 ) -> list[RunResult]:
-    """Every (workload, load, scheduler), with the same jobs and Poisson arrivals for every scheduler.
+    """Every (workload, load, scheduler, mode), with the same jobs and Poisson arrivals for every scheduler and mode.
 
     Against a server (``settings.engine`` a URL) give one scheduler: its name labels the rows.
     """
@@ -240,6 +260,8 @@ def run_sweep(
             "A server runs one scheduler: give one --schedulers label per replay (restart the server with another "
             "--scheduler-cls and replay again to compare)."
         )
+    for mode in modes:
+        check_mode(mode, settings.engine)
     results: list[RunResult] = []
     for workload, jobs in workloads.items():
         max_context = max(j.max_context for j in jobs)
@@ -247,37 +269,57 @@ def run_sweep(
             drawn = poisson_arrivals(len(jobs), jps, seed=settings.seed)
             arrivals = [j.arrival_s if j.arrival_s is not None else t for j, t in zip(jobs, drawn)]
             for scheduler in schedulers:
-                backend = make_backend(settings, scheduler, max_context)
-                profile = getattr(backend, "profile", None)
-                result = run_one(
-                    jobs,
-                    arrivals,
-                    backend,
-                    scheduler=scheduler,
-                    workload=workload,
-                    jobs_per_s=jps,
-                    tool_time_scale=settings.tool_time_scale,
-                    seed=settings.seed,
-                )
-                result.profile = list(profile or [])
-                results.append(result)
-                row = result.summary()
-                log(
-                    f"{workload:>6} jps={jps:<7g} {scheduler:>10}: avg JCT {row['avg_jct_s']:9.2f} s  "
-                    f"p90 {row['p90_jct_s']:9.2f}  p95 {row['p95_jct_s']:9.2f}  "
-                    f"hit {_fmt(row['prefix_hit_rate'], '.3f')}  preempt {_fmt(row['preemptions'], '6d')}  "
-                    f"sched {_fmt(row['sched_ms_per_step'], '.3f')} ms/step "
-                    f"({_fmt(row['sched_cpu_ms_per_step'], '.3f')} CPU)  "
-                    f"({row['wall_s']:.1f} s wall)"
-                )
+                for mode in modes:
+                    results.append(_run_mode(jobs, arrivals, settings, scheduler, mode, workload, jps, max_context))
+                    log(_log_line(results[-1].summary()))
     return results
+
+
+def _log_line(row: dict[str, Any]) -> str:
+    """One replay's figures on one line."""
+    return (
+        f"{row['workload']:>6} jps={row['jps']:<7g} {mode_label(row['scheduler'], row['mode']):>10}: "
+        f"avg JCT {row['avg_jct_s']:9.2f} s  p90 {row['p90_jct_s']:9.2f}  p95 {row['p95_jct_s']:9.2f}  "
+        f"hit {_fmt(row['prefix_hit_rate'], '.3f')}  preempt {_fmt(row['preemptions'], '6d')}  "
+        f"prompt computed {_fmt(row['prompt_tokens_computed'], 'd')}  "
+        f"sched {_fmt(row['sched_ms_per_step'], '.3f')} ms/step "
+        f"({_fmt(row['sched_cpu_ms_per_step'], '.3f')} CPU)  ({row['wall_s']:.1f} s wall)"
+    )
+
+
+def _run_mode(
+    jobs: Sequence[Job],
+    arrivals: Sequence[float],
+    settings: BenchSettings,
+    scheduler: str,
+    mode: str,
+    workload: str,
+    jps: float,
+    max_context: int,
+) -> RunResult:
+    """One replay of ``jobs`` on a fresh backend for (``scheduler``, ``mode``)."""
+    backend = make_backend(settings, scheduler, max_context, mode)
+    profile = getattr(backend, "profile", None)
+    result = run_one(
+        jobs,
+        arrivals,
+        backend,
+        scheduler=scheduler,
+        workload=workload,
+        jobs_per_s=jps,
+        tool_time_scale=settings.tool_time_scale,
+        seed=settings.seed,
+        mode=mode,
+    )
+    result.profile = list(profile or [])
+    return result
 
 
 # ---------------------------------------------------------------------------------------------- report
 REPORT_FIELDS = (
-    "workload", "scheduler", "jps", "jobs", "completed", "avg_jct_s", "p50_jct_s", "p90_jct_s", "p95_jct_s",
+    "workload", "scheduler", "mode", "jps", "jobs", "completed", "avg_jct_s", "p50_jct_s", "p90_jct_s", "p95_jct_s",
     "makespan_s", "throughput_jobs_per_s", "prefix_hit_rate", "preemptions", "steps", "sched_ms_per_step",
-    "sched_cpu_ms_per_step", "num_gpu_blocks", "wall_s",
+    "sched_cpu_ms_per_step", "num_gpu_blocks", "prompt_tokens_computed", "tokens_scheduled", "wall_s",
 )  # fmt: skip
 
 
@@ -288,22 +330,33 @@ def _ratio(value: float | None, base: float | None) -> float | None:
     return value / base if base else 0.0
 
 
+def _mode(row: dict[str, Any]) -> str:
+    return str(row.get("mode") or "stateless")
+
+
 def speedups(rows: Sequence[dict[str, Any]], baseline: str = "fcfs") -> list[dict[str, Any]]:
-    """Per (workload, load, scheduler != baseline): baseline avg JCT / scheduler avg JCT, and sched-time ratio
-    (``None`` where either run has no scheduler time, e.g. replays against a server)."""
-    base = {(r["workload"], r["jps"]): r for r in rows if r["scheduler"] == baseline}
+    """Per (workload, load, scheduler and mode other than the stateless baseline): baseline avg JCT / this avg JCT,
+    sched-time ratio (``None`` where either run has no scheduler time, e.g. replays against a server) and prompt
+    tokens computed as a fraction of the baseline's (``None`` where either is unknown)."""
+    base = {(r["workload"], r["jps"]): r for r in rows if r["scheduler"] == baseline and _mode(r) == "stateless"}
     out = []
     for r in rows:
         b = base.get((r["workload"], r["jps"]))
-        if r["scheduler"] == baseline or b is None or not r["avg_jct_s"]:
+        if r is b or b is None or not r["avg_jct_s"]:
             continue
         out.append({
-            "workload": r["workload"], "jps": r["jps"], "scheduler": r["scheduler"],
+            "workload": r["workload"], "jps": r["jps"], "scheduler": r["scheduler"], "mode": _mode(r),
             "jct_speedup": b["avg_jct_s"] / r["avg_jct_s"],
             "sched_time_ratio": _ratio(r["sched_ms_per_step"], b["sched_ms_per_step"]),
             "sched_cpu_ratio": _ratio(r["sched_cpu_ms_per_step"], b["sched_cpu_ms_per_step"]),
+            "prompt_tokens_ratio": _fraction(r.get("prompt_tokens_computed"), b.get("prompt_tokens_computed")),
         })  # fmt: skip
     return out
+
+
+def _fraction(value: float | None, base: float | None) -> float | None:
+    """``value / base``; None when either is unknown or the base is zero."""
+    return value / base if value is not None and base else None
 
 
 def _settings_dict(settings: BenchSettings) -> dict[str, Any]:
@@ -355,7 +408,7 @@ def write_report(
 
 
 def plot_jct(rows: Sequence[dict[str, Any]], path: Any) -> str | None:
-    """Average JCT against load, one line per scheduler, one panel per workload; None without matplotlib."""
+    """Average JCT against load, one line per scheduler (and mode), one panel per workload; None without matplotlib."""
     try:
         import matplotlib
 
@@ -367,11 +420,13 @@ def plot_jct(rows: Sequence[dict[str, Any]], path: Any) -> str | None:
     workloads = sorted({r["workload"] for r in rows})
     fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 4), squeeze=False)
     for ax, workload in zip(axes[0], workloads):
-        for scheduler in sorted({r["scheduler"] for r in rows if r["workload"] == workload}):
+        for label in sorted({mode_label(r["scheduler"], _mode(r)) for r in rows if r["workload"] == workload}):
             points = sorted(
-                (r["jps"], r["avg_jct_s"]) for r in rows if (r["workload"], r["scheduler"]) == (workload, scheduler)
+                (r["jps"], r["avg_jct_s"])
+                for r in rows
+                if r["workload"] == workload and mode_label(r["scheduler"], _mode(r)) == label
             )
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=scheduler)
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
         ax.set_title(workload)
         ax.set_xlabel("load (jobs/s)")
         ax.set_ylabel("average job completion time (s)")

@@ -78,6 +78,16 @@ class AgentBench:
             default=None,
             help="Real engine: model folder (default: the demo model). Server: the model name (default: its first).",
         )
+        add(
+            "--modes",
+            "--mode",
+            dest="modes",
+            type=_names,
+            default=["stateless"],
+            help="stateless (each turn a new request with the whole history, default), sessions (each job one "
+            "session: turns are input chunks, the engine keeps the KV between them), or both: stateless,sessions. "
+            "Sessions need --engine sim or real.",
+        )
         add("--vocab-size", type=int, default=None, help="Server: prompt token ids below this (default: demo model).")
         add("--api-key", default=None, help="Server: bearer token (default: $OPENAI_API_KEY, then $VLLITE_API_KEY).")
         add("--num-gpu-blocks", type=int, default=None, help="KV budget in blocks (same for every scheduler).")
@@ -97,6 +107,7 @@ class AgentBench:
 
     def run(self, args: argparse.Namespace) -> int:
         from vllite.policies.agent_report import BenchSettings, run_sweep, speedups, write_report
+        from vllite.policies.agent_sessions import mode_label
         from vllite.policies.traces import generate_trace, read_trace, trace_stats, write_trace
 
         if args.trace:
@@ -134,13 +145,15 @@ class AgentBench:
             api_key=args.api_key,
         )
         schedulers = args.schedulers or (["server"] if args.engine not in ("sim", "real") else ["fcfs", "continuum"])
-        results = run_sweep(workloads, args.jps, schedulers, settings)
+        results = run_sweep(workloads, args.jps, schedulers, settings, modes=args.modes)
         paths = write_report(results, args.output_dir, settings=settings, plot=not args.no_plot)
         for row in speedups([r.summary() for r in results]):
+            label = mode_label(row["scheduler"], row["mode"])
             print(
-                f"{row['workload']:>6} jps={row['jps']:<7g} {row['scheduler']:>10}: avg JCT {row['jct_speedup']:.2f}x "
+                f"{row['workload']:>6} jps={row['jps']:<7g} {label:>10}: avg JCT {row['jct_speedup']:.2f}x "
                 f"lower than fcfs; scheduler time {_ratio(row['sched_time_ratio'])} fcfs's "
-                f"(CPU {_ratio(row['sched_cpu_ratio'])})"
+                f"(CPU {_ratio(row['sched_cpu_ratio'])}); prompt tokens computed "
+                f"{_ratio(row['prompt_tokens_ratio'])} fcfs's"
             )
         for kind, path in paths.items():
             print(f"wrote {kind}: {path}")
