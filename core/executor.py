@@ -11,14 +11,16 @@ This module imports no torch, so ``import vllite.executor`` stays cheap.
 
 from __future__ import annotations
 
+import functools
 import logging
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from vllite.exceptions import ExecutorFailedError
+from vllite.exceptions import ExecutorError, ExecutorFailedError
 
 if TYPE_CHECKING:
     from vllite.config import EngineConfig
@@ -160,3 +162,84 @@ class Executor(ABC):
     def _wake_up(self, tags: list[str] | None) -> None:
         """Executor-specific part of ``wake_up``; must reset ``_sleep_level`` to 0 when fully awake."""
         self._sleep_level = 0
+
+    # ------------------------------------------------------------------ collective RPC and profiling
+    @property
+    def rpc_workers(self) -> tuple[Any, ...]:
+        """What :meth:`collective_rpc` calls, one object per worker. An executor that runs its model in this process
+        is its own one worker (the default); one that drives worker processes returns their handles. With a worker
+        extension class (vLLM's ``worker_extension_cls``, read from ``config.plugin_config``), the worker is an
+        instance of that class whose missing attributes are the executor's."""
+        worker = self.__dict__.get("_rpc_worker")
+        if worker is None:
+            worker = self.__dict__["_rpc_worker"] = _extended_worker(self)
+        return (worker,)
+
+    def collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        timeout: float | None = None,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        """Calls ``method`` on every worker (:attr:`rpc_workers`) and returns their results in worker order, as
+        vLLM's ``collective_rpc``.
+
+        ``method`` is the name of a public worker method, or a callable run as ``method(worker, *args, **kwargs)``
+        (in-process only: nothing is pickled across the engine-process boundary). A name no worker method has is a
+        ``ValueError`` that says so. ``timeout`` (seconds) bounds the whole call: the workers here run in this
+        thread and cannot be interrupted, so a call that overruns finishes and then raises ``TimeoutError``.
+        """
+        if timeout is not None and timeout <= 0:
+            raise ValueError(f"collective_rpc timeout must be > 0 seconds, got {timeout!r}.")
+        kwargs = dict(kwargs or {})
+        deadline = None if timeout is None else time.monotonic() + timeout
+        results = []
+        for worker in self.rpc_workers:
+            results.append(_resolve_worker_method(worker, method)(*args, **kwargs))
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"collective_rpc {_method_name(method)!r} took longer than {timeout} s.")
+        return results
+
+    def profile(self, is_start: bool = True, profile_prefix: str | None = None) -> None:
+        """Starts (``is_start``) or stops the profiler of every worker; a stop writes the trace. The default
+        executor profiles with ``torch.profiler`` into ``$VLLITE_TORCH_PROFILER_DIR``; this base has no profiler."""
+        raise ExecutorError(f"{type(self).__name__} has no profiler.")
+
+
+class _WorkerView:
+    """The executor seen as a worker: attributes the extension class lacks are the executor's."""
+
+    def __init__(self, executor: Executor) -> None:
+        self.executor = executor
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.executor, name)
+
+
+def _extended_worker(executor: Executor) -> Any:
+    """The executor, or the executor behind the configured worker extension class (``pkg.mod:Class``)."""
+    path = (getattr(executor.config, "plugin_config", None) or {}).get("worker_extension_cls")
+    if not path:
+        return executor
+    from vllite.registry import resolve_class_path
+
+    extension = resolve_class_path(path)
+    worker_class = type(f"{extension.__name__}Worker", (extension, _WorkerView), {})
+    return worker_class(executor)
+
+
+def _method_name(method: str | Callable[..., Any]) -> str:
+    return method if isinstance(method, str) else getattr(method, "__name__", repr(method))
+
+
+def _resolve_worker_method(worker: Any, method: str | Callable[..., Any]) -> Callable[..., Any]:
+    """The bound callable ``method`` names on ``worker``; a private, missing or non-callable name is a ValueError."""
+    if callable(method):
+        return functools.partial(method, worker)
+    if not isinstance(method, str) or not method:
+        raise ValueError(f"collective_rpc method must be a method name or a callable, got {method!r}.")
+    target = None if method.startswith("_") else getattr(worker, method, None)
+    if not callable(target):
+        raise ValueError(f"The worker ({type(worker).__name__}) has no worker method {method!r}.")
+    return target

@@ -36,6 +36,8 @@ UTILITY_METHODS = frozenset(
         "remove_lora",
         "list_loras",
         "pin_lora",
+        "profile",
+        "collective_rpc",
     }
 )
 
@@ -103,6 +105,20 @@ class EngineCoreClient(ABC):
 
     def pin_lora(self, lora_id: int) -> bool:
         return self.call_utility("pin_lora", lora_id)
+
+    def profile(self, is_start: bool = True, profile_prefix: str | None = None) -> None:
+        """Starts or stops the engine's profiler (a stop writes the trace)."""
+        self.call_utility("profile", is_start, profile_prefix)
+
+    def collective_rpc(
+        self,
+        method: Any,
+        timeout: float | None = None,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        """Calls ``method`` on every worker; the results in worker order (a callable only in-process)."""
+        return self.call_utility("collective_rpc", method, timeout, tuple(args), kwargs)
 
 
 class InprocClient(EngineCoreClient):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from vllite.config import EngineArgs
@@ -208,6 +208,27 @@ class LLM(LLMPoolingAPI):
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         self.llm_engine.wake_up(tags)
+
+    def start_profile(self, profile_prefix: str | None = None) -> None:
+        """Starts ``torch.profiler`` in the engine; set ``VLLITE_TORCH_PROFILER_DIR`` (or vLLM's
+        ``VLLM_TORCH_PROFILER_DIR``) to the trace directory first."""
+        self.llm_engine.start_profile(profile_prefix)
+
+    def stop_profile(self) -> None:
+        """Stops the profiler and writes the trace."""
+        self.llm_engine.stop_profile()
+
+    def collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        timeout: float | None = None,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        """Runs ``method`` on every worker and returns the results in order (vLLM's ``LLM.collective_rpc``): the name
+        of a worker method, or a callable ``fn(worker, *args, **kwargs)`` when the engine runs in this process
+        (``VLLITE_ENABLE_MULTIPROCESSING=0``; nothing is pickled to the engine process)."""
+        return self.llm_engine.collective_rpc(method, timeout, args, kwargs)
 
     def shutdown(self) -> None:
         engine = getattr(self, "llm_engine", None)

@@ -229,6 +229,8 @@ class EngineCoreProc:
                 raise PermissionError(f"{method_name!r} is not an allowed engine utility")
             method = getattr(self.engine, method_name)
             check_utility_arguments(method_name, method, args)
+            if method_name == "collective_rpc":  # worker results are arbitrary objects: send what the wire can carry
+                return [wire_safe(result) for result in method(*args)]
             return method(*args)
 
         _invoke_utility_method(method_name, get_result, output, enqueue_output)
@@ -255,6 +257,21 @@ def check_utility_arguments(name: str, method: Callable[..., Any], args: list[An
         signature.bind(*args)
     except TypeError as exc:
         raise UtilityCallError(f"invalid arguments for {name}{signature}: {exc}") from None
+
+
+def wire_safe(value: Any) -> Any:
+    """``value`` as something the engine's msgpack encoder carries: builtins, tensors, arrays and msgspec Structs
+    as they are (containers converted item by item), anything else as its ``str()`` (vLLM's answer for a worker
+    result JSON cannot hold)."""
+    if value is None or isinstance(value, (bool, int, float, str, bytes, msgspec.Struct)):
+        return value
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [wire_safe(item) for item in value]
+    if isinstance(value, dict):
+        return {str(key): wire_safe(item) for key, item in value.items()}
+    if type(value).__module__.split(".")[0] in ("torch", "numpy") and hasattr(value, "shape"):
+        return value  # tensors and arrays travel as raw buffers
+    return str(value)
 
 
 def _invoke_utility_method(

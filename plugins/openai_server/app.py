@@ -8,8 +8,9 @@ A request whose client disconnects is cancelled at once, streaming or not, which
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -33,6 +34,7 @@ from vllite.plugins.openai_server.responses import ModelCard, ModelList, encode
 from vllite.version import __version__
 
 JSON = "application/json"
+logger = logging.getLogger("vllite.server")
 
 
 def json_response(body: Any, status: int = 200) -> Response:
@@ -41,7 +43,19 @@ def json_response(body: Any, status: int = 200) -> Response:
 
 def build_app(ctx: ServerContext) -> FastAPI:
     """The application serving ``ctx.engine``."""
-    app = FastAPI(title="vllite", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
+    from fastapi.middleware.cors import CORSMiddleware
+
+    from vllite.plugins.openai_server.server_load import ServerLoad, ServerLoadMiddleware, load_router
+
+    settings = ctx.settings
+    app = FastAPI(
+        title="vllite",
+        version=__version__,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        root_path=settings.root_path,
+    )
     app.state.ctx = ctx
     _add_error_handlers(app)
     app.include_router(_v1_router(ctx))
@@ -52,7 +66,40 @@ def build_app(ctx: ServerContext) -> FastAPI:
     from vllite.plugins.openai_server.pooling_routes import pooling_router
 
     app.include_router(pooling_router(ctx))  # /pooling, /classify, /score, /rerank, /v2/rerank
+    from vllite.plugins.openai_server.sagemaker import sagemaker_router
+
+    app.include_router(sagemaker_router(ctx, [api_key_check(ctx)]))  # /ping, /invocations
+    app.state.server_load = load = ServerLoad(settings.enable_server_load_tracking)
+    app.include_router(load_router(load))  # /load
+    if settings.dev_mode:
+        from vllite.plugins.openai_server.ops_routes import ops_router
+
+        logger.warning("Development routes are on (/sleep, /pause, /collective_rpc, ...): not for production use.")
+        app.include_router(ops_router(ctx, [api_key_check(ctx)]))
+    app.add_middleware(ServerLoadMiddleware, load=load)
+    app.add_middleware(
+        CORSMiddleware,  # outermost: preflight requests are answered before the API-key check
+        allow_origins=list(settings.allowed_origins),
+        allow_methods=list(settings.allowed_methods),
+        allow_headers=list(settings.allowed_headers),
+        allow_credentials=settings.allow_credentials,
+    )
     return app
+
+
+def api_key_check(ctx: ServerContext) -> Callable[[Request], Awaitable[None]]:
+    """The dependency that requires ``Authorization: Bearer <--api-key>`` (nothing without ``--api-key``)."""
+
+    async def check_api_key(request: Request) -> None:
+        key = ctx.settings.api_key
+        if key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), key.encode()):
+            raise UnauthorizedError("Invalid or missing API key: send 'Authorization: Bearer <key>'.")
+
+    return check_api_key
 
 
 def _add_error_handlers(app: FastAPI) -> None:
@@ -89,7 +136,9 @@ def describe_validation_error(exc: RequestValidationError, content_type: str | N
         return body_error, None
     parts, params = [], []
     for error in exc.errors():
-        loc = [str(p) for p in error.get("loc", ()) if p != "body"]
+        loc = [str(p) for p in error.get("loc", ())]
+        if loc and loc[0] in _PARAM_SOURCES:  # where the parameter came from: the name alone is OpenAI's param
+            loc = loc[1:]
         field = ".".join(loc)
         kind = error.get("type", "")
         if kind == "extra_forbidden":
@@ -105,6 +154,9 @@ def describe_validation_error(exc: RequestValidationError, content_type: str | N
     unique = list(dict.fromkeys(parts))
     message = " ".join(unique[:4]) + (f" (and {len(unique) - 4} more)" if len(unique) > 4 else "")
     return message, params[0] if params else None
+
+
+_PARAM_SOURCES = ("body", "query", "path", "header", "cookie")
 
 
 def _body_error(errors: Sequence[Any], content_type: str | None) -> str | None:
@@ -161,16 +213,7 @@ def _respond(result: Any) -> Response:
 
 
 def _v1_router(ctx: ServerContext) -> APIRouter:
-    async def check_api_key(request: Request) -> None:
-        key = ctx.settings.api_key
-        if key is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), key.encode()):
-            raise UnauthorizedError("Invalid or missing API key: send 'Authorization: Bearer <key>'.")
-
-    router = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)])
+    router = APIRouter(prefix="/v1", dependencies=[Depends(api_key_check(ctx))])
 
     @router.get("/models")
     async def list_models() -> Response:
@@ -258,9 +301,7 @@ def _plain_router(ctx: ServerContext) -> APIRouter:
 
     @router.get("/health")
     async def health() -> Response:
-        if ctx.engine.errored or not ctx.engine.is_running:
-            return json_response(error_response(503, "The engine is dead or shut down."), 503)
-        return Response(status_code=200)
+        return health_response(ctx)
 
     @router.get("/version")
     async def version() -> Response:
@@ -294,6 +335,13 @@ def _plain_router(ctx: ServerContext) -> APIRouter:
         return json_response({"prompt": ctx.tokenizer.decode(body.tokens)})
 
     return router
+
+
+def health_response(ctx: ServerContext) -> Response:
+    """``/health`` (and ``/ping``): an empty 200 while the engine runs, else a 503."""
+    if ctx.engine.errored or not ctx.engine.is_running:
+        return json_response(error_response(503, "The engine is dead or shut down."), 503)
+    return Response(status_code=200)
 
 
 def _need_tokenizer(ctx: ServerContext) -> None:

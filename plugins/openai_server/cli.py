@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import socket
+import ssl
 import sys
 from typing import Any
 
 from vllite.plugins.openai_server.context import ServerContext, ServerSettings
 
 API_KEY_ENV = "VLLITE_API_KEY"
+PROFILER_DIR_ENV = "VLLITE_TORCH_PROFILER_DIR"
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,7 +34,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add = server.add_argument
     add("--host", default="127.0.0.1", help="Address to listen on (default 127.0.0.1; 0.0.0.0 for every interface).")
     add("--port", type=int, default=8000, help="Port (default 8000; 0 picks a free one and prints it).")
-    add("--api-key", default=None, help=f"Require 'Authorization: Bearer KEY' on /v1 routes (also ${API_KEY_ENV}).")
+    add(
+        "--api-key",
+        default=None,
+        help=f"Require 'Authorization: Bearer KEY' on every route but the health probes (also ${API_KEY_ENV}).",
+    )
     add("--served-model-name", nargs="+", default=None, help="Names the API answers to (default: the model as given).")
     add("--chat-template", default=None, help="A Jinja chat template, or a file holding one, over the tokenizer's.")
     add(
@@ -90,9 +97,88 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="Send one OpenTelemetry span per request to this OTLP collector (e.g. http://host:4318/v1/traces).",
     )
+    add_http_arguments(server)
     EngineArgs.add_cli_args(parser)
     add_vllm_only_flags(parser)
     parser.set_defaults(disable_log_stats=False)  # a server reports metrics unless told not to
+
+
+def add_http_arguments(group: Any) -> None:
+    """vLLM's HTTP flags: CORS, TLS, the root path, load tracking and the profiler directory."""
+    add = group.add_argument
+    add(
+        "--allowed-origins", default=None, help='CORS: allowed origins, a JSON list or comma-separated (default ["*"]).'
+    )
+    add(
+        "--allowed-methods", default=None, help='CORS: allowed methods, a JSON list or comma-separated (default ["*"]).'
+    )
+    add(
+        "--allowed-headers", default=None, help='CORS: allowed headers, a JSON list or comma-separated (default ["*"]).'
+    )
+    add("--allow-credentials", action="store_true", help="CORS: allow credentials (cookies, authorization headers).")
+    add(
+        "--ssl-keyfile",
+        default=None,
+        help="TLS: the server's private key file (PEM); serves https with --ssl-certfile.",
+    )
+    add("--ssl-certfile", default=None, help="TLS: the server's certificate chain file (PEM).")
+    add("--ssl-ca-certs", default=None, help="TLS: CA certificates that client certificates are checked against.")
+    add(
+        "--ssl-cert-reqs",
+        type=int,
+        default=int(ssl.CERT_NONE),
+        help="TLS: whether a client certificate is required (Python's ssl.CERT_*: 0 none, 1 optional, 2 required).",
+    )
+    add("--root-path", default=None, help="The path prefix a proxy in front of the server routes under (FastAPI's).")
+    add(
+        "--enable-server-load-tracking",
+        action="store_true",
+        help="Count the requests in flight on the model's routes; GET /load reports it.",
+    )
+    add(
+        "--profiler-dir",
+        default=None,
+        help=f"Where /start_profile's torch.profiler traces go (dev mode; also ${PROFILER_DIR_ENV}).",
+    )
+
+
+def _header_list(flag: str, value: str | None) -> tuple[str, ...]:
+    """A CORS flag's value: a JSON list of strings (vLLM's form) or comma-separated; ``None``: ``("*",)``."""
+    if value is None:
+        return ("*",)
+    text = value.strip()
+    if text.startswith(("[", "{", '"')):  # JSON (vLLM takes a JSON list)
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{flag} is not a valid JSON list: {exc}.") from None
+        if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+            raise ValueError(f"{flag} must be a JSON list of strings, got {value!r}.")
+    else:
+        items = [item.strip() for item in text.split(",") if item.strip()]
+    return tuple(items)
+
+
+def _check_tls(args: argparse.Namespace) -> None:
+    """The TLS flags: key and certificate go together, every file exists, ``--ssl-cert-reqs`` is 0, 1 or 2."""
+    if bool(args.ssl_keyfile) != bool(args.ssl_certfile):
+        raise ValueError("--ssl-keyfile and --ssl-certfile go together: give both to serve https.")
+    for flag in ("ssl_keyfile", "ssl_certfile", "ssl_ca_certs"):
+        path = getattr(args, flag)
+        if path and not os.path.isfile(path):
+            raise ValueError(f"--{flag.replace('_', '-')}: no such file {path!r}.")
+    if args.ssl_cert_reqs not in (ssl.CERT_NONE, ssl.CERT_OPTIONAL, ssl.CERT_REQUIRED):
+        raise ValueError(f"--ssl-cert-reqs must be 0 (none), 1 (optional) or 2 (required), got {args.ssl_cert_reqs}.")
+    if args.ssl_cert_reqs != ssl.CERT_NONE and not args.ssl_ca_certs:
+        raise ValueError("--ssl-cert-reqs 1 or 2 checks client certificates: give --ssl-ca-certs too.")
+
+
+def _root_path(value: str | None) -> str:
+    if not value:
+        return ""
+    if not value.startswith("/"):
+        raise ValueError(f"--root-path must start with '/', got {value!r}.")
+    return value.rstrip("/")
 
 
 def server_settings(args: argparse.Namespace, model_path: str) -> ServerSettings:
@@ -119,6 +205,7 @@ def server_settings(args: argparse.Namespace, model_path: str) -> ServerSettings
         raise ValueError(f"--max-log-len must be >= 0, got {args.max_log_len}.")
     if args.shutdown_timeout < 0:
         raise ValueError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}.")
+    _check_tls(args)
     names = tuple(args.served_model_name or [model_path])
     from vllite.plugins.openai_server.lora import parse_lora_modules
 
@@ -135,6 +222,12 @@ def server_settings(args: argparse.Namespace, model_path: str) -> ServerSettings
         tool_parser_plugins=plugins,
         log_requests=args.enable_log_requests,
         lora_modules=lora_modules,
+        enable_server_load_tracking=args.enable_server_load_tracking,
+        allowed_origins=_header_list("--allowed-origins", args.allowed_origins),
+        allowed_methods=_header_list("--allowed-methods", args.allowed_methods),
+        allowed_headers=_header_list("--allowed-headers", args.allowed_headers),
+        allow_credentials=args.allow_credentials,
+        root_path=_root_path(args.root_path),
     )
 
 
@@ -169,6 +262,8 @@ def run_server(args: argparse.Namespace) -> int:
     engine_args = EngineArgs.from_cli_args(args)
     share_tool_parser(engine_args, settings.tool_call_parser)  # Continuum names tools with the server's parser
     check_engine_args(engine_args)  # a mistake that needs no model fails in a second, before the engine starts
+    if args.profiler_dir:  # read by the engine process (it inherits this environment) when a trace starts
+        os.environ[PROFILER_DIR_ENV] = os.path.abspath(os.path.expanduser(args.profiler_dir))
     sock = bind_socket(args.host, args.port)
     try:
         engine, metrics = _start_engine(engine_args, settings, args)
@@ -269,12 +364,17 @@ async def _serve(ctx: ServerContext, sock: socket.socket, args: argparse.Namespa
         lifespan="off",
         timeout_graceful_shutdown=args.shutdown_timeout + 5,
         timeout_keep_alive=5,
+        ssl_keyfile=args.ssl_keyfile,
+        ssl_certfile=args.ssl_certfile,
+        ssl_ca_certs=args.ssl_ca_certs,
+        ssl_cert_reqs=args.ssl_cert_reqs,
     )
     server = _graceful_server(config, ctx, args.shutdown_timeout)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
+    scheme = "https" if args.ssl_certfile else "http"
     print(
-        f"vllite: serving {ctx.model_name!r} on http://{shown}:{port} (OpenAI API under /v1; Ctrl-C stops)",
+        f"vllite: serving {ctx.model_name!r} on {scheme}://{shown}:{port} (OpenAI API under /v1; Ctrl-C stops)",
         file=sys.stderr,
         flush=True,
     )

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from typing import Any
 
 from vllite.exceptions import ModelNotFoundError
@@ -29,6 +30,24 @@ class ServerSettings:
     tool_parser_plugins: tuple[str, ...] = ()  # --tool-parser-plugin files, loaded before the parsers resolve
     log_requests: bool = False
     lora_modules: tuple[LoRAModule, ...] = ()  # --lora-modules, loaded when the server starts
+    # The operations routes (/sleep, /pause, ...): $VLLITE_SERVER_DEV_MODE=1 or $VLLM_SERVER_DEV_MODE=1.
+    dev_mode: bool = field(default_factory=lambda: server_dev_mode())
+    enable_server_load_tracking: bool = False  # /load counts the requests in flight on the model's routes
+    # CORS (vLLM's flags and defaults: every origin, method and header; no credentials).
+    allowed_origins: tuple[str, ...] = ("*",)
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
+    root_path: str = ""  # --root-path: the path prefix a proxy in front of the server strips
+
+
+#: The environment switches that turn the operations routes on (vLLM's name is accepted too).
+DEV_MODE_ENVS = ("VLLITE_SERVER_DEV_MODE", "VLLM_SERVER_DEV_MODE")
+
+
+def server_dev_mode() -> bool:
+    """Whether ``$VLLITE_SERVER_DEV_MODE`` (or vLLM's ``$VLLM_SERVER_DEV_MODE``) is on (``1`` / ``true``)."""
+    return any(os.environ.get(name, "").strip().lower() in ("1", "true", "yes") for name in DEV_MODE_ENVS)
 
 
 class ServerContext:

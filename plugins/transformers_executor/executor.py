@@ -331,6 +331,25 @@ class DefaultExecutor(Executor):
         param = next(self.runner.model.parameters(), None)
         return param is None or param.device == self.device
 
+    # ------------------------------------------------------------------ profiling and worker RPC
+    def profile(self, is_start: bool = True, profile_prefix: str | None = None) -> None:
+        """Starts or stops ``torch.profiler`` in this process (see :mod:`.profiler`); a stop writes the trace."""
+        from vllite.plugins.transformers_executor.profiler import TorchProfiler
+
+        profiler = self.__dict__.get("_profiler")
+        if profiler is None:
+            rank = self.config.parallel_config.data_parallel_rank
+            profiler = self.__dict__["_profiler"] = TorchProfiler(self.device.type, f"vllite-engine{rank}")
+        if is_start:
+            profiler.start(profile_prefix)
+        else:
+            profiler.stop()
+
+    @property
+    def model_runner(self) -> Any:
+        """The model runner, under vLLM's worker attribute name (what worker extensions reach for)."""
+        return self.runner
+
     def govern_inprocess_steps(self, engine_core: Any) -> None:
         """Pins torch's threads (the plan of ``VLLITE_CPU_OMP_THREADS_BIND``, see :mod:`.cpu_threads`) while the
         caller's thread steps ``engine_core``, and governs them after each step (:mod:`.cpu_governor`)."""
@@ -341,6 +360,9 @@ class DefaultExecutor(Executor):
 
     def shutdown(self) -> None:
         """Frees the KV cache and the model. Idempotent."""
+        profiler = self.__dict__.pop("_profiler", None)
+        if profiler is not None:
+            profiler.close()  # a trace still running is written, not lost
         runner = getattr(self, "runner", None)
         if runner is None:
             return
