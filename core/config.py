@@ -27,6 +27,7 @@ from vllite.structured_output.params import StructuredOutputsConfig
 
 if TYPE_CHECKING:
     from vllite.kv_connector.config import KVTransferConfig
+    from vllite.kv_events import KVEventsConfig
 
 logger = logging.getLogger(__name__)
 
@@ -229,6 +230,8 @@ class EngineConfig:
     kv_transfer_config: KVTransferConfig | None = None
     # LoRA adapters (--enable-lora); None: requests may not name one.
     lora_config: LoRAConfig | None = None
+    # KV-cache events for KV-aware routers (--kv-events-config, vllite.kv_events); None: none published.
+    kv_events_config: KVEventsConfig | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled (for the engine-core process) with each importable class of ``logits_processors`` as its class
@@ -415,6 +418,14 @@ class EngineArgs:
             'shorthand for --kv-transfer-config \'{"kv_connector": "offload", ...}\', which overrides it.'
         ),
     )
+    kv_events_config: Any = field(
+        default=None,
+        metadata=_help(
+            "KV-cache events for KV-aware routers as JSON (vLLM's fields), e.g. '{\"enable_kv_cache_events\": true, "
+            '"publisher": "zmq", "endpoint": "tcp://*:5557", "topic": "kv"}\'.',
+            cli_type=_json_dict,
+        ),
+    )
     speculative_config: Any = field(
         default=None,
         metadata=_help(
@@ -499,6 +510,7 @@ class EngineArgs:
             "policy_args",
             "logits_processors",
             "kv_transfer_config",
+            "kv_events_config",
             "speculative_config",
             "structured_outputs_config",
         ):
@@ -540,6 +552,7 @@ class EngineArgs:
             speculative_config=SpeculativeConfig.resolve(self.speculative_config),
             structured_outputs_config=StructuredOutputsConfig.resolve(self.structured_outputs_config),
             lora_config=self._lora_config(),
+            kv_events_config=self._kv_events_config(),
         )
         self._check_combinations(config)
         return config
@@ -607,6 +620,12 @@ class EngineArgs:
             from vllite.sched.async_scheduler import check_async_scheduling
 
             check_async_scheduling(config)
+
+    def _kv_events_config(self) -> KVEventsConfig | None:
+        """``kv_events_config`` (a ``KVEventsConfig``, a dict or JSON text) checked; ``ValueError`` naming the field."""
+        from vllite.kv_events import KVEventsConfig
+
+        return KVEventsConfig.resolve(self.kv_events_config)
 
     def _kv_transfer_config(self) -> KVTransferConfig | None:
         """``kv_transfer_config`` (a ``KVTransferConfig``, a dict or JSON text) checked; ``ValueError`` naming the

@@ -84,6 +84,8 @@ class EngineCore:
         )
         self._pending_finishes: list[Request] = []
         self._pending_errors: list[tuple[Request, str]] = []  # rejected requests, with the reason
+        self._kv_event_pool: Any = None  # the block pool whose events are published (with --kv-events-config)
+        self.kv_event_publisher = self._make_kv_event_publisher()
         self._drain_waiters: list[Future] = []
         self.batch_queue_size = max(1, config.scheduler_config.batch_queue_depth)
         if self.async_scheduling:
@@ -254,8 +256,32 @@ class EngineCore:
         self._after_execute(model_output)
         return self._end_step(outputs), model_executed
 
+    def _make_kv_event_publisher(self) -> Any:
+        """The KV-cache event publisher (``--kv-events-config``), with the block pool recording; ``None`` if off."""
+        from vllite.kv_events import make_publisher
+
+        config = self.config
+        manager = getattr(self.scheduler, "kv_cache_manager", None)
+        if config.kv_events_config is None or not config.kv_events_config.enabled:
+            return None
+        if manager is None:
+            raise ValueError(
+                f"kv_events_config: the scheduler {type(self.scheduler).__name__} has no KV cache manager."
+            )
+        publisher = make_publisher(config.kv_events_config, config.parallel_config.data_parallel_rank)
+        self._kv_event_pool = manager.block_pool
+        self._kv_event_pool.enable_kv_cache_events(config.cache_config.block_size)
+        return publisher
+
+    def _publish_kv_events(self) -> None:
+        """Publishes the KV-cache events recorded since the previous call (with ``--kv-events-config``)."""
+        if self.kv_event_publisher is not None:
+            self.kv_event_publisher.publish(self._kv_event_pool.take_events())
+
     def _end_step(self, outputs: dict[int, EngineCoreOutputs]) -> dict[int, EngineCoreOutputs]:
-        """Adds the finish outputs of requests ended between steps, and completes drain waiters once drained."""
+        """Adds the finish outputs of requests ended between steps, and completes drain waiters once drained;
+        publishes the step's KV-cache events."""
+        self._publish_kv_events()
         if self._pending_finishes or self._pending_errors:
             pending = _finish_outputs(self._pending_finishes, self._pending_errors)
             for client_index, extra in pending.items():
@@ -297,7 +323,9 @@ class EngineCore:
         return self.scheduler.pause_state != PauseState.UNPAUSED
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
-        return self.scheduler.reset_prefix_cache(reset_running_requests=reset_running_requests)
+        done = self.scheduler.reset_prefix_cache(reset_running_requests=reset_running_requests)
+        self._publish_kv_events()  # subscribers hear of the reset now, not at the next step
+        return done
 
     def _reset_prefix_cache_quietly(self) -> None:
         if not self.reset_prefix_cache(False):
@@ -397,6 +425,9 @@ class EngineCore:
         manager = getattr(self, "structured_output_manager", None)
         if manager is not None:
             manager.shutdown()
+        publisher = getattr(self, "kv_event_publisher", None)
+        if publisher is not None:
+            publisher.shutdown()
         if self._executor_pool is not None:
             self._executor_pool.shutdown(wait=True, cancel_futures=True)
             self._executor_pool = None

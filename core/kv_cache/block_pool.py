@@ -2,7 +2,8 @@
 
 The pool hands out blocks (empty ones first, then evicting the least recently freed cached block), registers
 full blocks under their hashes, revives cached blocks on a hit (``touch``) and takes blocks back
-(``free_blocks``). Block 0 is reserved as the null block and never handed out.
+(``free_blocks``). Block 0 is reserved as the null block and never handed out. With KV-cache events on
+(``enable_kv_cache_events``), it records what it caches, evicts and clears as ``vllite.kv_events`` events.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from vllite.exceptions import KVCacheStateError
 from vllite.kv_cache.block import FreeKVCacheBlockQueue, KVCacheBlock
+from vllite.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 
 if TYPE_CHECKING:
     from vllite.request import Request
@@ -104,6 +106,23 @@ class BlockPool:
         self.cached_block_hash_to_block = BlockHashToBlockMap()
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
+        self.kv_event_queue: list[KVCacheEvent] | None = None  # None: events off
+        self.event_block_size = 0
+
+    # ------------------------------------------------------------------ KV-cache events
+    def enable_kv_cache_events(self, block_size: int) -> None:
+        """Starts recording ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared`` events (``take_events``)."""
+        self.event_block_size = block_size
+        if self.kv_event_queue is None:
+            self.kv_event_queue = []
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """The events recorded since the previous call, oldest first (empty when events are off)."""
+        events = self.kv_event_queue
+        if not events:
+            return []
+        self.kv_event_queue = []
+        return events
 
     # ------------------------------------------------------------------ queries
     def get_num_free_blocks(self) -> int:
@@ -190,6 +209,7 @@ class BlockPool:
                 "full blocks to cache; build it with block_hasher=get_request_block_hasher(...)."
             )
         cache_map = self.cached_block_hash_to_block
+        stored: list[int] | None = [] if self.kv_event_queue is not None else None
         for i in range(num_cached_blocks, num_full_blocks):
             block = blocks[i]
             if block.is_null:
@@ -202,6 +222,32 @@ class BlockPool:
             block_hash = block_hashes[i]
             block.block_hash = block_hash
             cache_map.insert(block_hash, block)
+            if stored is not None:
+                stored.append(i)
+        if stored:
+            self._record_stored(request, stored)
+
+    def _record_stored(self, request: Request, positions: list[int]) -> None:
+        """One ``BlockStored`` per run of consecutive newly cached block positions of ``request``."""
+        assert self.kv_event_queue is not None
+        size, hashes = self.event_block_size, request.block_hashes
+        lora = request.lora_request
+        start = 0
+        for end in range(1, len(positions) + 1):
+            if end < len(positions) and positions[end] == positions[end - 1] + 1:
+                continue
+            first, last = positions[start], positions[end - 1]
+            self.kv_event_queue.append(
+                BlockStored(
+                    block_hashes=list(hashes[first : last + 1]),
+                    parent_block_hash=hashes[first - 1] if first > 0 else None,
+                    token_ids=list(request.all_token_ids[first * size : (last + 1) * size]),
+                    block_size=size,
+                    lora_id=lora.lora_int_id if lora is not None else None,
+                    lora_name=lora.lora_name if lora is not None else None,
+                )
+            )
+            start = end
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """Forgets every cached hash (e.g. after a weight update); returns whether it did.
@@ -220,6 +266,8 @@ class BlockPool:
         self.cached_block_hash_to_block = BlockHashToBlockMap()
         for block in self.blocks:
             block.reset_hash()
+        if self.kv_event_queue is not None:
+            self.kv_event_queue.append(AllBlocksCleared())
         logger.info("Prefix cache reset.")
         return True
 
@@ -235,4 +283,7 @@ class BlockPool:
         assert block.block_hash is not None
         popped = self.cached_block_hash_to_block.pop(block.block_hash, block.block_id)
         assert popped is block, f"{block} holds a hash the map does not list it under"
+        if self.kv_event_queue is not None and self.cached_block_hash_to_block.get_one_block(block.block_hash) is None:
+            # The last block holding this hash: it no longer hits (another copy would still).
+            self.kv_event_queue.append(BlockRemoved(block_hashes=[block.block_hash]))
         block.reset_hash()
