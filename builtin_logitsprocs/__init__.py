@@ -1,4 +1,4 @@
-"""The builtin logits processors: min-p, logit bias, min tokens and the thinking budget.
+"""The builtin logits processors: min-p, logit bias, min tokens, the thinking budget and bad words.
 
 They are ordinary plugins (see :mod:`vllite.builtin_logitsprocs.plugin`), and the engine reaches them
 through the plugin registry. The classes are loaded on first attribute access, so importing the package
@@ -15,6 +15,7 @@ _LAZY = {
     "LogitBiasLogitsProcessor": "logit_bias",
     "MinPLogitsProcessor": "min_p",
     "ThinkingBudgetLogitsProcessor": "thinking_budget",
+    "BadWordsLogitsProcessor": "bad_words",
 }
 
 __all__ = [*_LAZY, "BUILTIN_LOGITS_PROCESSORS"]
@@ -22,7 +23,7 @@ __all__ = [*_LAZY, "BUILTIN_LOGITS_PROCESSORS"]
 
 def __getattr__(name: str) -> Any:
     if name == "BUILTIN_LOGITS_PROCESSORS":
-        # Construction order, as in vLLM: min tokens, logit bias, min-p; then the thinking budget.
+        # Construction order, as in vLLM: min tokens, logit bias, min-p; then the thinking budget and bad words.
         value: Any = [__getattr__(cls_name) for cls_name in _LAZY]
     elif name in _LAZY:
         value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)

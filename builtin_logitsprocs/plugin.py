@@ -1,7 +1,7 @@
 """The builtin logits processors, registered through the same hook third-party plugins use.
 
 Registration order is construction order: min tokens, logit bias, min-p (as in vLLM), then the thinking
-budget.
+budget, then bad words.
 The classes are registered by class path, so listing the registry (``vllite plugins``) does not import torch.
 """
 
@@ -16,3 +16,4 @@ def vllite_register_logits_processors(register: Register) -> None:
     register("logit_bias", f"{__package__}.logit_bias:LogitBiasLogitsProcessor")
     register("min_p", f"{__package__}.min_p:MinPLogitsProcessor")
     register("thinking_budget", f"{__package__}.thinking_budget:ThinkingBudgetLogitsProcessor")
+    register("bad_words", f"{__package__}.bad_words:BadWordsLogitsProcessor")

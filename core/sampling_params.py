@@ -18,6 +18,8 @@ from vllite.structured_output.params import StructuredOutputsParams
 
 _SAMPLING_EPS = 1e-5
 _MAX_LOGIT_BIAS = 100.0
+#: ``seed`` is a signed 64-bit integer (the engine's wire format and the per-request generators take that range).
+_SEED_MIN, _SEED_MAX = -(2**63), 2**63 - 1
 #: The most samples one request may ask for (``n``): each is a full request in the engine.
 MAX_N = 128
 
@@ -70,6 +72,9 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
+    # Words the output must not contain: each word's tokens (with and without a leading space) are banned as a
+    # continuation (the builtin ``bad_words`` logits processor).
+    bad_words: list[str] | None = None
     extra_args: dict[str, Any] | None = None
     # A JSON-schema / regex / choice / grammar constraint on the output (vllite.structured_output).
     structured_outputs: StructuredOutputsParams | None = None
@@ -85,6 +90,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
             self.stop_token_ids = []
         if isinstance(self.stop, tuple):
             self.stop = list(self.stop)
+        if isinstance(self.bad_words, tuple):
+            self.bad_words = list(self.bad_words)
         if self.logit_bias is not None:
             self.logit_bias = _normalize_logit_bias(self.logit_bias)
         self._verify()
@@ -120,8 +127,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
             raise bad("top_k", "an integer >= 1, or 0 / -1 to disable top-k")
         if not _is_real(self.min_p) or not 0.0 <= self.min_p <= 1.0:
             raise bad("min_p", "a number in [0, 1]")
-        if self.seed is not None and not _is_int(self.seed):
-            raise bad("seed", "an integer or None")
+        if self.seed is not None and (not _is_int(self.seed) or not _SEED_MIN <= self.seed <= _SEED_MAX):
+            raise bad("seed", "None or an integer in the signed 64-bit range [-2**63, 2**63 - 1]")
 
     def _verify_lengths(self) -> None:
         bad = self._bad
@@ -161,6 +168,10 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
             not _is_id_list(self.allowed_token_ids) or not self.allowed_token_ids
         ):
             raise bad("allowed_token_ids", "None or a non-empty list of token ids (integers >= 0)")
+        if self.bad_words is not None and (
+            not isinstance(self.bad_words, list) or not all(isinstance(w, str) and w.strip() for w in self.bad_words)
+        ):
+            raise bad("bad_words", "None or a list of words (non-blank strings)")
 
     def _verify_flags(self) -> None:
         bad = self._bad
@@ -209,6 +220,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
             all_stop_token_ids=list(self.all_stop_token_ids),
             logit_bias=dict(self.logit_bias) if self.logit_bias is not None else None,
             allowed_token_ids=list(self.allowed_token_ids) if self.allowed_token_ids is not None else None,
+            bad_words=list(self.bad_words) if self.bad_words is not None else None,
             extra_args=copy.deepcopy(self.extra_args) if self.extra_args else self.extra_args,
             structured_outputs=(
                 msgspec.structs.replace(self.structured_outputs) if self.structured_outputs is not None else None

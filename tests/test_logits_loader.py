@@ -17,6 +17,7 @@ from vllite import plugin_manager
 from vllite.builtin_logitsprocs.logit_bias import LogitBiasLogitsProcessor
 from vllite.builtin_logitsprocs.min_p import MinPLogitsProcessor
 from vllite.builtin_logitsprocs.min_tokens import MinTokensLogitsProcessor
+from vllite.builtin_logitsprocs.bad_words import BadWordsLogitsProcessor
 from vllite.builtin_logitsprocs.thinking_budget import ThinkingBudgetLogitsProcessor
 from vllite.config import SchedulerConfig, VllmConfig
 from vllite.exceptions import PluginLoadError
@@ -31,7 +32,13 @@ from vllite.logits_processor import (
 )
 from vllite.sampling_params import SamplingParams
 
-BUILTINS = [MinTokensLogitsProcessor, LogitBiasLogitsProcessor, MinPLogitsProcessor, ThinkingBudgetLogitsProcessor]
+BUILTINS = [
+    MinTokensLogitsProcessor,
+    LogitBiasLogitsProcessor,
+    MinPLogitsProcessor,
+    ThinkingBudgetLogitsProcessor,
+    BadWordsLogitsProcessor,
+]
 _counter = itertools.count()
 
 PROCESSORS = '''
@@ -229,6 +236,7 @@ def test_builtins_come_from_the_registry(env, monkeypatch):
         MinTokensLogitsProcessor,
         LogitBiasLogitsProcessor,
         ThinkingBudgetLogitsProcessor,
+        BadWordsLogitsProcessor,
     ]
     assert [type(p) for p in procs.argmax_invariant] == [MinPLogitsProcessor]
 
@@ -246,9 +254,9 @@ def test_discovery_in_both_groups_and_order(env, monkeypatch):
     )
     monkeypatch.setenv("VLLITE_PLUGINS", "lp_hooks,alpha,beta,slot")
     classes = load_logitsprocs_classes(config(f"{mod}:Outer.Inner"), custom=[f"{mod}.DuckTyped"])
-    assert classes[:4] == BUILTINS
-    assert names(classes[4:]) == ["Gamma", "Alpha", "Beta", "SlotAdapter[SlotBoost]", "DuckTyped", "Inner"]
-    assert issubclass(classes[7], SlotLogitsProcessorAdapter)
+    assert classes[: len(BUILTINS)] == BUILTINS
+    assert names(classes[len(BUILTINS) :]) == ["Gamma", "Alpha", "Beta", "SlotAdapter[SlotBoost]", "DuckTyped", "Inner"]
+    assert issubclass(classes[len(BUILTINS) + 3], SlotLogitsProcessorAdapter)
     procs = build_logitsprocs(config(), torch.device("cpu"), False)
     assert [type(p).__name__ for p in procs.argmax_invariant] == ["MinPLogitsProcessor", "Gamma", "Alpha"]
 
@@ -274,7 +282,7 @@ def test_vllite_plugins_filter(env, monkeypatch, variables, expected):
     write_dist(root, "lp-demo", {"vllm.logits_processors": {"alpha": f"{mod}:Alpha", "beta": f"{mod}:Beta"}})
     for key, value in variables.items():
         monkeypatch.setenv(key, value)
-    assert names(load_logitsprocs_classes()[4:]) == expected
+    assert names(load_logitsprocs_classes()[len(BUILTINS) :]) == expected
 
 
 def test_explicit_spellings_classes_and_dedup(env, monkeypatch):
@@ -284,7 +292,7 @@ def test_explicit_spellings_classes_and_dedup(env, monkeypatch):
     classes = load_logitsprocs_classes(
         config(f"{mod}.Alpha"), custom=[f"{mod}:Alpha", module.Beta, f"{mod}:Outer.Inner", f"{mod}.Beta"]
     )
-    assert classes[4:] == [module.Alpha, module.Beta, module.Outer.Inner]
+    assert classes[len(BUILTINS) :] == [module.Alpha, module.Beta, module.Outer.Inner]
 
 
 # ---------------------------------------------------------------- failure messages

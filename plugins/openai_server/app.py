@@ -358,7 +358,16 @@ def _tokenize(ctx: ServerContext, body: TokenizeRequest) -> list[int]:
     from vllite.plugins.openai_server.chat_template import render_messages
 
     assert body.messages is not None
-    return render_messages(ctx, body.messages, add_generation_prompt=body.add_generation_prompt)
+    tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
+    return render_messages(
+        ctx,
+        body.messages,
+        add_generation_prompt=body.add_generation_prompt,
+        continue_final_message=body.continue_final_message,
+        tools=tools,
+        chat_template=body.chat_template,
+        chat_template_kwargs=body.chat_template_kwargs,
+    )
 
 
 async def refresh_engine_gauges(ctx: ServerContext) -> None:

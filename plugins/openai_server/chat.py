@@ -28,7 +28,7 @@ from vllite.plugins.openai_server.chat_template import render_messages
 from vllite.plugins.openai_server.context import ServerContext
 from vllite.plugins.openai_server.errors import check_sample, error_event
 from vllite.plugins.openai_server.event_stream import EventStream
-from vllite.plugins.openai_server.logprobs import chat_logprobs
+from vllite.plugins.openai_server.logprobs import PromptLogprobsJSON, chat_logprobs, prompt_logprobs_json
 from vllite.plugins.openai_server.protocol import ChatCompletionRequest, random_id
 from vllite.plugins.openai_server.reasoning import ReasoningMode
 from vllite.plugins.openai_server.responses import (
@@ -48,6 +48,12 @@ from vllite.plugins.openai_server.sampling import build_sampling_params, check_c
 from vllite.plugins.openai_server.streams import Submitted, submit
 from vllite.plugins.openai_server.structured import chat_constraint
 from vllite.plugins.openai_server.tool_choice import ToolMode, resolve_tool_mode
+
+
+class ChatResponse(ChatCompletionResponse):
+    """A whole chat response with vLLM's ``prompt_logprobs`` (the rendered prompt's logprobs, when asked for)."""
+
+    prompt_logprobs: PromptLogprobsJSON | None = None
 
 
 @dataclass
@@ -95,6 +101,10 @@ async def start_chat(
         chat_template=request.chat_template,
         chat_template_kwargs=request.chat_template_kwargs,
     )
+    if request.truncation_side == "right" and request.truncate_prompt_tokens is not None:
+        # The engine truncates on the left (keeps the last tokens); the right side is cut here.
+        keep = ctx.max_model_len if request.truncate_prompt_tokens == -1 else request.truncate_prompt_tokens
+        prompt_ids = prompt_ids[:keep]
     reasoning = ReasoningMode.for_request(ctx, request, prompt_ids)
     if mode.skip_special_tokens is False or reasoning.skip_special_tokens is False:
         request.skip_special_tokens = False  # the parser reads markers that are special tokens (vLLM does the same)
@@ -102,7 +112,12 @@ async def start_chat(
     max_tokens = getattr(request, max_tokens_field)
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
     params = build_sampling_params(
-        request, ctx.model_defaults, max_tokens=max_tokens, logprobs=logprobs, structured_outputs=constraint
+        request,
+        ctx.model_defaults,
+        max_tokens=max_tokens,
+        logprobs=logprobs,
+        structured_outputs=constraint,
+        vocab_size=ctx.engine.engine_info.vocab_size,
     )
     reasoning.apply(ctx, params, request.thinking_token_budget, constrained=constraint is not None)
     check_max_tokens(
@@ -139,6 +154,7 @@ async def collect_chat(ctx: ServerContext, request: ChatCompletionRequest, run: 
     assert final is not None
     choices = []
     completion_tokens = 0
+    echoed = echo_text(request)
     for sample in final.outputs:
         check_sample(sample)
         completion_tokens += len(sample.token_ids)
@@ -146,6 +162,8 @@ async def collect_chat(ctx: ServerContext, request: ChatCompletionRequest, run: 
         content, calls = mode.extract(answer)
         if reasoning.active and not content:
             content = None
+        if echoed:
+            content = echoed + (content or "")
         finish_reason = mode.finish_reason(sample.finish_reason, calls)
         choices.append(
             ChatChoice(
@@ -162,20 +180,37 @@ async def collect_chat(ctx: ServerContext, request: ChatCompletionRequest, run: 
     prompt_tokens = len(prompt_ids)
     cached = {"cached_tokens": final.num_cached_tokens}
     usage = UsageInfo(prompt_tokens, completion_tokens, prompt_tokens + completion_tokens, cached)
-    return ChatCompletionResponse(
+    return ChatResponse(
         id=request_id,
         model=model,
         choices=choices,
         usage=usage,
         prompt_token_ids=prompt_ids if request.return_token_ids else None,
         kv_transfer_params=final.kv_transfer_params,
+        prompt_logprobs=prompt_logprobs_json(final.prompt_logprobs),
     )
+
+
+def echo_text(request: ChatCompletionRequest) -> str:
+    """With ``echo`` (vLLM's field): the last message's text when its role is the reply's (``assistant`` with a
+    generation prompt, else the last message's own role, so always), which the reply then starts with."""
+    if not request.echo:
+        return ""
+    last = request.messages[-1]
+    reply_role = "assistant" if request.add_generation_prompt else last.role
+    if last.role != reply_role or last.content is None:
+        return ""
+    if isinstance(last.content, str):
+        return last.content
+    return "\n".join(part.text or "" for part in last.content if part.type == "text")
 
 
 def _logprobs(ctx: ServerContext, request: ChatCompletionRequest, sample: CompletionOutput) -> ChatLogprobs | None:
     if not request.logprobs:
         return None
-    return chat_logprobs(sample.token_ids, sample.logprobs or [], request.top_logprobs or 0, ctx.tokenizer)
+    as_ids = bool(request.return_tokens_as_token_ids)
+    top = request.top_logprobs or 0
+    return chat_logprobs(sample.token_ids, sample.logprobs or [], top, ctx.tokenizer, as_token_ids=as_ids)
 
 
 async def _stream(
@@ -205,6 +240,13 @@ async def _stream(
                 for i in range(request.n)
             ]
         )
+        if echoed := echo_text(request):
+            yield chunk(
+                [
+                    ChatStreamChoice(index=i, delta=DeltaMessage(content=echoed), logprobs=None, finish_reason=None)
+                    for i in range(request.n)
+                ]
+            )
         async for _, output in submitted.outputs():
             prompt_tokens = len(output.prompt_token_ids or ())
             choices = []

@@ -4,6 +4,8 @@ The template is, in order: the request's ``chat_template`` (only with ``--trust-
 server's ``--chat-template``, the tokenizer's own. Text content parts are joined; other parts (images, audio)
 are refused. An assistant message's ``tool_calls`` reach the template with their arguments as a dict, as
 Hugging Face templates expect them, and its ``reasoning_content`` (or ``reasoning``) as ``reasoning_content``.
+Roles outside OpenAI's set and keys a message carries beyond OpenAI's reach the template unchanged, as vLLM passes
+them (templates that know a ``documents`` role or a per-message ``thinking`` key read them).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ def message_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     """The messages as the plain dicts a Jinja chat template reads."""
     out = []
     for index, message in enumerate(messages):
-        item: dict[str, Any] = {"role": message.role, "content": _text_content(message, index)}
+        item: dict[str, Any] = dict(message.model_extra or {})
+        item.update(role=message.role, content=_text_content(message, index))
         if message.name is not None:
             item["name"] = message.name
         if message.tool_call_id is not None:

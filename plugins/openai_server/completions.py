@@ -16,7 +16,7 @@ from vllite.outputs import CompletionOutput, RequestOutput
 from vllite.plugins.openai_server.context import ServerContext
 from vllite.plugins.openai_server.errors import check_sample, error_event
 from vllite.plugins.openai_server.event_stream import EventStream
-from vllite.plugins.openai_server.logprobs import completion_logprobs
+from vllite.plugins.openai_server.logprobs import PromptLogprobsJSON, completion_logprobs, prompt_logprobs_json
 from vllite.plugins.openai_server.protocol import CompletionRequest, random_id
 from vllite.plugins.openai_server.responses import (
     SSE_DONE,
@@ -29,6 +29,12 @@ from vllite.plugins.openai_server.responses import (
 from vllite.plugins.openai_server.sampling import build_sampling_params, check_common_fields, check_max_tokens
 from vllite.plugins.openai_server.streams import Submitted, submit
 from vllite.plugins.openai_server.structured import structured_outputs_field
+
+
+class PromptLogprobsChoice(CompletionChoice):
+    """A whole response's choice with vLLM's ``prompt_logprobs`` (the prompt's logprobs, on every sample of it)."""
+
+    prompt_logprobs: PromptLogprobsJSON | None = None
 
 
 def normalize_prompts(prompt: Any) -> list[str | list[int]]:
@@ -67,6 +73,7 @@ async def create_completion(
         logprobs=request.logprobs,
         structured_outputs=structured_outputs_field(request, ctx.structured_outputs_config),
         prompt_logprobs=request.logprobs if echo_logprobs else None,
+        vocab_size=ctx.engine.engine_info.vocab_size,
     )
     request_id = request.request_id or random_id("cmpl-")
     engine_prompts = _engine_prompts(ctx, request, prompts)
@@ -95,7 +102,12 @@ async def create_completion(
 def _engine_prompts(ctx: ServerContext, request: CompletionRequest, prompts: list[str | list[int]]) -> list[Any]:
     """The prompts as the engine gets them. With ``add_special_tokens=false``, texts become ids without special
     tokens. With an explicit ``max_tokens``, texts are tokenized here, once (the engine takes the ids, and the text
-    rides along as ``RequestOutput.prompt``), so that the request can be checked against the context."""
+    rides along as ``RequestOutput.prompt``), so that the request can be checked against the context. With
+    ``truncation_side="right"``, each prompt is cut here to its first ``truncate_prompt_tokens`` tokens (the
+    engine keeps the last ones)."""
+    if request.truncation_side == "right" and request.truncate_prompt_tokens is not None:
+        keep = ctx.max_model_len if request.truncate_prompt_tokens == -1 else request.truncate_prompt_tokens
+        return [(_encode(ctx, p, request.add_special_tokens) if isinstance(p, str) else p)[:keep] for p in prompts]
     if not request.add_special_tokens:
         return [_encode_plain(ctx, p) if isinstance(p, str) else p for p in prompts]
     if "max_tokens" not in request.model_fields_set or request.max_tokens is None or ctx.tokenizer is None:
@@ -112,9 +124,13 @@ def _token_counts(prompts: list[Any]) -> list[int]:
 
 
 def _encode_plain(ctx: ServerContext, text: str) -> list[int]:
+    return _encode(ctx, text, add_special_tokens=False)
+
+
+def _encode(ctx: ServerContext, text: str, add_special_tokens: bool) -> list[int]:
     if ctx.tokenizer is None:
         raise BadRequestError("Text prompts need a tokenizer; this server has none.", param="prompt")
-    return [int(t) for t in ctx.tokenizer.encode(text, add_special_tokens=False)]
+    return [int(t) for t in ctx.tokenizer.encode(text, add_special_tokens=add_special_tokens)]
 
 
 async def _collect(
@@ -134,7 +150,7 @@ async def _collect(
         for sample in output.outputs:
             check_sample(sample)
             completion_tokens += len(sample.token_ids)
-            choices.append(_choice(ctx, request, output, sample, index, echo=request.echo))
+            choices.append(_choice(ctx, request, output, sample, index, echo=request.echo, whole=True))
     cached = sum(output.num_cached_tokens for output in finals.values())
     usage = UsageInfo(prompt_tokens, completion_tokens, prompt_tokens + completion_tokens, {"cached_tokens": cached})
     # One prompt's KV connector params (vLLM returns them for single-prompt requests, as disaggregation sends them).
@@ -151,8 +167,10 @@ def _choice(
     *,
     echo: bool,
     with_prompt_ids: bool = True,
+    whole: bool = False,
 ) -> CompletionChoice:
-    """One choice of a response or of a chunk: the sample's new text (after the prompt when echoing)."""
+    """One choice of a response or of a chunk: the sample's new text (after the prompt when echoing); a ``whole``
+    response's choice carries the prompt's logprobs when the engine computed them (vLLM's ``prompt_logprobs``)."""
     text = sample.text
     logprobs: CompletionLogprobs | None = None
     prompt_text = ""
@@ -166,8 +184,10 @@ def _choice(
             prompt_ids = list(output.prompt_token_ids or ())
             token_ids = prompt_ids + token_ids
             positions = list(output.prompt_logprobs or [None] * len(prompt_ids)) + positions
-        logprobs = completion_logprobs(token_ids, positions, request.logprobs, ctx.tokenizer)
-    return CompletionChoice(
+        as_ids = bool(request.return_tokens_as_token_ids)
+        logprobs = completion_logprobs(token_ids, positions, request.logprobs, ctx.tokenizer, as_token_ids=as_ids)
+    fields: dict[str, Any] = {"prompt_logprobs": prompt_logprobs_json(output.prompt_logprobs)} if whole else {}
+    return (PromptLogprobsChoice if whole else CompletionChoice)(
         index=prompt_index * request.n + sample.index,
         text=text,
         logprobs=logprobs,
@@ -175,6 +195,7 @@ def _choice(
         stop_reason=sample.stop_reason,
         token_ids=list(sample.token_ids) if request.return_token_ids else None,
         prompt_token_ids=list(output.prompt_token_ids or ()) if request.return_token_ids and with_prompt_ids else None,
+        **fields,
     )
 
 

@@ -1,15 +1,63 @@
-"""vllite's per-position logprob dicts in OpenAI's two shapes: legacy completions and chat."""
+"""vllite's per-position logprob dicts in OpenAI's two shapes (legacy completions and chat), and in vLLM's
+``prompt_logprobs`` shape.
+
+With ``return_tokens_as_token_ids`` (vLLM's field) every token is written ``"token_id:N"`` instead of its text, so
+tokens that are not valid UTF-8 on their own (a byte of a multi-byte character) stay identifiable.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
-from vllite.outputs import Logprob
-from vllite.plugins.openai_server.responses import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
+from vllite.outputs import Logprob, PromptLogprobs
+from vllite.plugins.openai_server.responses import (
+    ChatLogprobs,
+    CompletionLogprobs,
+    Response,
+    TokenLogprob,
+    TopLogprob,
+)
+
+#: What OpenAI-style responses write for a logprob of -inf (JSON has no infinity), as vLLM clamps it.
+MIN_LOGPROB = -9999.0
 
 
-def _token_text(token_id: int, entry: Logprob | None, tokenizer: Any) -> str:
+class PromptLogprob(Response):
+    """One token of one prompt position in vLLM's ``prompt_logprobs`` (its ``Logprob`` as JSON)."""
+
+    logprob: float
+    rank: int | None
+    decoded_token: str | None
+
+
+#: vLLM's ``prompt_logprobs``: per prompt position, ``{token_id: PromptLogprob}``; ``None`` for the first token.
+PromptLogprobsJSON = list[dict[int, PromptLogprob] | None]
+
+
+def prompt_logprobs_json(positions: PromptLogprobs | None) -> PromptLogprobsJSON | None:
+    """The engine's prompt logprobs in vLLM's response shape (token ids as keys; -inf clamped to -9999)."""
+    if positions is None:
+        return None
+    return [
+        None
+        if position is None
+        else {
+            token_id: PromptLogprob(_finite(entry.logprob), entry.rank, entry.decoded_token)
+            for token_id, entry in position.items()
+        }
+        for position in positions
+    ]
+
+
+def _finite(logprob: float) -> float:
+    return max(logprob, MIN_LOGPROB) if not math.isnan(logprob) else MIN_LOGPROB
+
+
+def _token_text(token_id: int, entry: Logprob | None, tokenizer: Any, as_token_id: bool = False) -> str:
+    if as_token_id:
+        return f"token_id:{token_id}"
     if entry is not None and entry.decoded_token is not None:
         return entry.decoded_token
     if tokenizer is not None:
@@ -30,14 +78,16 @@ def completion_logprobs(
     tokenizer: Any,
     *,
     text_offset: int = 0,
+    as_token_ids: bool = False,
 ) -> CompletionLogprobs:
     """Legacy completions logprobs of ``token_ids`` (``positions[i]`` holds token i's logprobs; ``None`` for
-    an echoed first prompt token, which has none); offsets start at ``text_offset`` characters."""
+    an echoed first prompt token, which has none); offsets start at ``text_offset`` characters. ``as_token_ids``:
+    tokens as ``"token_id:N"``."""
     out = CompletionLogprobs(text_offset=[], token_logprobs=[], tokens=[], top_logprobs=[])
     offset = text_offset
     for token_id, position in zip(token_ids, positions):
         entry = position.get(token_id) if position is not None else None
-        text = _token_text(token_id, entry, tokenizer)
+        text = _token_text(token_id, entry, tokenizer, as_token_ids)
         out.tokens.append(text)
         out.text_offset.append(offset)
         offset += len(text)
@@ -46,24 +96,30 @@ def completion_logprobs(
             out.top_logprobs.append(None)
             continue
         out.token_logprobs.append(max(entry.logprob, -9999.0))
-        top = {_token_text(t, lp, tokenizer): max(lp.logprob, -9999.0) for t, lp in _top(position, num)}
+        top = {_token_text(t, lp, tokenizer, as_token_ids): max(lp.logprob, -9999.0) for t, lp in _top(position, num)}
         top.setdefault(text, max(entry.logprob, -9999.0))
         out.top_logprobs.append(top)
     return out
 
 
 def chat_logprobs(
-    token_ids: Sequence[int], positions: Sequence[dict[int, Logprob]], num: int, tokenizer: Any
+    token_ids: Sequence[int],
+    positions: Sequence[dict[int, Logprob]],
+    num: int,
+    tokenizer: Any,
+    *,
+    as_token_ids: bool = False,
 ) -> ChatLogprobs:
-    """Chat logprobs: each sampled token with its logprob and its ``num`` top alternatives."""
+    """Chat logprobs: each sampled token with its logprob and its ``num`` top alternatives (``as_token_ids``:
+    tokens as ``"token_id:N"``)."""
     content = []
     for token_id, position in zip(token_ids, positions):
         entry = position.get(token_id)
-        text = _token_text(token_id, entry, tokenizer)
+        text = _token_text(token_id, entry, tokenizer, as_token_ids)
         logprob = max(entry.logprob, -9999.0) if entry is not None else -9999.0
         top = [
             TopLogprob(
-                token=(top_text := _token_text(t, lp, tokenizer)),
+                token=(top_text := _token_text(t, lp, tokenizer, as_token_ids)),
                 logprob=max(lp.logprob, -9999.0),
                 bytes=list(top_text.encode("utf-8", errors="replace")),
             )

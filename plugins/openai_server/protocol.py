@@ -11,6 +11,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+#: The signed 64-bit range vLLM accepts for ``seed`` (the engine's wire format and per-request generators use it).
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
 
 def random_id(prefix: str) -> str:
     """An OpenAI-style object id: ``cmpl-…``, ``chatcmpl-…``, ``call_…``."""
@@ -38,7 +42,7 @@ class SamplingFields(RequestModel):
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -56,9 +60,14 @@ class SamplingFields(RequestModel):
     include_stop_str_in_output: bool = False
     stop_token_ids: list[int] | None = None
     allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
     prompt_logprobs: int | None = None
     truncate_prompt_tokens: int | None = None
+    # 'left' keeps the prompt's last truncate_prompt_tokens tokens (the default), 'right' its first ones
+    truncation_side: Literal["left", "right"] | None = None
     return_token_ids: bool = False
+    # Logprob tokens as "token_id:N" strings (tokens that are not valid UTF-8 on their own stay identifiable)
+    return_tokens_as_token_ids: bool | None = None
     priority: int = 0
     request_id: str | None = None
     cache_salt: str | None = None
@@ -139,11 +148,12 @@ class ContentPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    """A message of the conversation; ``role`` is one of system, developer, user, assistant, tool."""
+    """A message of the conversation. ``role`` is usually one of system, developer, user, assistant, tool; other
+    roles and keys the message carries beyond OpenAI's reach the chat template as they are (vLLM's behaviour)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
 
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCallObject] | None = None
@@ -172,6 +182,7 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None
     # vLLM's extras
+    echo: bool = False  # the reply starts with the last message's content when its role is the reply's
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     add_special_tokens: bool = False
@@ -191,6 +202,11 @@ class TokenizeRequest(RequestModel):
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
     return_token_strs: bool = False
+    # vLLM's chat tokenize fields: the prompt exactly as /v1/chat/completions would render it
+    continue_final_message: bool = False
+    tools: list[ToolDefinition] | None = None
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class DetokenizeRequest(RequestModel):

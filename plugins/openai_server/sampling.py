@@ -32,10 +32,13 @@ def build_sampling_params(
     logprobs: int | None,
     prompt_logprobs: int | None = None,
     structured_outputs: StructuredOutputsParams | None = None,
+    vocab_size: int | None = None,
 ) -> SamplingParams:
     """The request's ``SamplingParams`` (DELTA output when streaming, FINAL_ONLY otherwise).
 
-    Raises :class:`BadRequestError` naming the field for a value ``SamplingParams`` refuses.
+    ``prompt_logprobs`` (the echo of completions) applies when the request sets none itself. ``vocab_size``: the
+    model's, to name every ``logit_bias`` key outside it at once. Raises :class:`BadRequestError` naming the field
+    for a value ``SamplingParams`` refuses.
     """
     fields: dict[str, Any] = {}
     for name in MODEL_DEFAULTED_FIELDS:
@@ -57,14 +60,15 @@ def build_sampling_params(
             max_tokens=max_tokens,
             min_tokens=request.min_tokens,
             logprobs=logprobs,
-            prompt_logprobs=prompt_logprobs if prompt_logprobs is not None else request.prompt_logprobs,
+            prompt_logprobs=request.prompt_logprobs if request.prompt_logprobs is not None else prompt_logprobs,
             skip_special_tokens=request.skip_special_tokens,
             spaces_between_special_tokens=request.spaces_between_special_tokens,
             include_stop_str_in_output=request.include_stop_str_in_output,
             truncate_prompt_tokens=request.truncate_prompt_tokens,
             output_kind=RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY,
-            logit_bias=_logit_bias(request.logit_bias),
+            logit_bias=_logit_bias(request.logit_bias, vocab_size),
             allowed_token_ids=request.allowed_token_ids,
+            bad_words=request.bad_words or None,
             extra_args=extra_args(request),
             structured_outputs=structured_outputs,
             **fields,
@@ -108,6 +112,10 @@ def check_common_fields(request: SamplingFields, *, max_logprobs: int) -> None:
         raise BadRequestError("stream_options is only allowed when stream is true.", param="stream_options")
     if request.n < 1:
         raise BadRequestError(f"n must be at least 1, got {request.n}.", param="n")
+    plp = request.prompt_logprobs
+    if plp is not None and request.stream and (plp > 0 or plp == -1):
+        # vLLM's rule: prompt logprobs come with the whole response, which a stream never sends.
+        raise BadRequestError("prompt_logprobs are not available when stream is true.", param="prompt_logprobs")
 
 
 def check_max_tokens(
@@ -138,20 +146,32 @@ def check_max_tokens(
     )
 
 
-def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+def _logit_bias(bias: dict[str, float] | None, vocab_size: int | None = None) -> dict[int, float] | None:
+    """``{token_id: bias}`` of the request; one 400 naming every bad key and value (not only the first)."""
     if bias is None:
         return None
     out: dict[int, float] = {}
+    bad_keys: list[str] = []
+    bad_values: list[str] = []
     for key, value in bias.items():
         try:
             token_id = int(key)
         except ValueError:
-            raise BadRequestError(f"logit_bias keys must be token ids, got {key!r}.", param="logit_bias") from None
-        if not -100.0 <= value <= 100.0:
-            raise BadRequestError(
-                f"logit_bias values must be in [-100, 100], got {value} for {key}.", param="logit_bias"
-            )
-        out[token_id] = value
+            token_id = -1
+        if token_id < 0 or (vocab_size is not None and token_id >= vocab_size):
+            bad_keys.append(key)
+        elif not -100.0 <= value <= 100.0:
+            bad_values.append(f"{value} for {key}")
+        else:
+            out[token_id] = value
+    problems = []
+    if bad_keys:
+        where = f" in [0, {vocab_size})" if vocab_size is not None else ""
+        problems.append(f"logit_bias keys must be token ids{where}; these are not: {', '.join(map(repr, bad_keys))}.")
+    if bad_values:
+        problems.append(f"logit_bias values must be in [-100, 100]; got {', '.join(bad_values)}.")
+    if problems:
+        raise BadRequestError(" ".join(problems), param="logit_bias")
     return out
 
 
