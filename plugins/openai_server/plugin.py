@@ -1,5 +1,5 @@
-"""Registers ``vllite serve``, ``vllite disagg-proxy`` and the ``filesystem`` LoRA resolver. Only this module loads
-at start-up; FastAPI, uvicorn and the engine are imported when a command runs."""
+"""Registers ``vllite serve``, ``vllite run-batch``, ``vllite disagg-proxy`` and the ``filesystem`` LoRA resolver.
+Only this module loads at start-up; FastAPI, uvicorn and the engine are imported when a command runs."""
 
 from __future__ import annotations
 
@@ -40,10 +40,27 @@ class _LazyProxyCommand:
         return run_proxy(args)
 
 
+class _LazyRunBatchCommand:
+    """The ``run-batch`` registry entry: the command lives in ``vllite.plugins.openai_server.run_batch``."""
+
+    help = "Run a batch file in OpenAI's batch format (chat, completions, embeddings) offline, like vllm run-batch."
+
+    def add_arguments(self, parser: Any) -> None:
+        from vllite.plugins.openai_server.run_batch import add_run_batch_arguments
+
+        add_run_batch_arguments(parser)
+
+    def run(self, args: Any) -> int:
+        from vllite.plugins.openai_server.run_batch import run_batch_command
+
+        return run_batch_command(args)
+
+
 @hookimpl
 def vllite_register_commands(register: Register) -> None:
-    """Registers ``serve`` and ``disagg-proxy``."""
+    """Registers ``serve``, ``run-batch`` and ``disagg-proxy``."""
     register("serve", _LazyServeCommand())
+    register("run-batch", _LazyRunBatchCommand())
     register("disagg-proxy", _LazyProxyCommand())
 
 
