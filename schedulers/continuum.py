@@ -24,6 +24,8 @@ Decisions (paper §4, with the released fork's bugs fixed; see docs/scheduler-po
   more than one request runs).
 - Preemption victims: requests of unpinned jobs before pinned ones, then the latest-arriving job, then the latest
   admitted. The base algorithm refunds a victim already scheduled this step (the released fork does not).
+- Sessions (resumable requests) parked between turns are held for the estimator's TTL of the turn's tool (the base
+  idle timeout when no tool is known); their next turn's arrival feeds the estimator the tool's duration.
 - Tool names: ``this_func_call`` from the client wins; otherwise the turn's output is detokenized and parsed if
   a detokenizer is available (``detokenize=`` argument, ``plugin_config["continuum"]["detokenize"]``, or the
   model's tokenizer loaded on first need); otherwise the tool is unknown.
@@ -237,6 +239,29 @@ class ContinuumScheduler(Scheduler):
             return super().on_request_finished(request)
         self._pin(request, job_id, now + ttl, info.job_arrival)
         return False
+
+    def session_hold_seconds(self, request: Request) -> float:
+        """A session parked between turns is a program whose next turn is known to come: it is held for the
+        estimator's TTL of the tool its turn called (the session is the job unless the client named one), or, when no
+        tool is known, for the base idle timeout."""
+        info = turn_info(request)
+        if info.job_id is None:
+            info.job_id = request.request_id
+        now = self.clock()
+        if info.this_func_call is None:
+            info.this_func_call = self._parse_tool(request)
+        self.estimator.request_finished(request, now)
+        if info.this_func_call is None:
+            return super().session_hold_seconds(request)
+        ttl = float(self.estimator.set_up_pin(request, now))
+        return ttl if ttl > 0.0 else 0.0
+
+    def on_session_resumed(self, request: Request) -> None:
+        """The session's next turn arrived: the gap since its last turn ended feeds the estimator (the tool's
+        duration), and the new turn's tool is unknown until it ends."""
+        info = turn_info(request)
+        info.last_func_call = info.this_func_call = None  # the estimator takes the tool it recorded at the turn end
+        self.estimator.request_arrives(request, self.clock())
 
     def on_step_start(self) -> None:
         """Releases expired pins whose job has no request waiting; ages out idle jobs."""

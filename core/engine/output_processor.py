@@ -95,7 +95,9 @@ class RequestState(SessionStateMixin):
         self.n, self.top_p, self.temperature = params.n, params.top_p, params.temperature
         self.num_cached_tokens = 0
         self.is_prefilling = True
-        self.stats = RequestStateStats(arrival_time=request.arrival_time) if self.log_stats else None
+        self.stats = None
+        if self.log_stats:
+            self.stats = RequestStateStats.for_request(request, self.external_req_id, self.parent_req)
 
     def make_request_output(
         self,

@@ -268,11 +268,13 @@ def _place_allocated(
 
 
 def _retry_blocked_head(scheduler: Scheduler, request: Request, num_needed: int, skipped: list[Request]) -> bool:
-    """The head of the waiting queue cannot get blocks for ``num_needed`` tokens. True when admission goes on with
-    the (possibly new) head: the policy or the KV connector released blocks, or the request can never fit and was
-    failed (as it was when ``on_admission_blocked`` raised); False when admission stops for this step."""
-    if release_for_memory(scheduler):
-        return True  # a parked session's blocks were released: try again
+    """The head of the waiting queue cannot get blocks for ``num_needed`` tokens. Held sessions keep their blocks
+    while requests run (they will free blocks); with none running, the hold that expires first gives way. True when
+    admission goes on with the (possibly new) head: a hold, the policy or the KV connector released blocks, or the
+    request can never fit and was failed (as it was when ``on_admission_blocked`` raised); False when admission
+    stops for this step."""
+    if not scheduler.running and release_for_memory(scheduler):
+        return True  # nothing runs that would free blocks: a held session gives way
     try:
         released = scheduler.on_admission_blocked(request)
     except Exception as exc:
@@ -330,6 +332,8 @@ def admit(scheduler: Scheduler, request: Request, num_new: int, num_hit: int, st
     """Moves the head of the waiting queue, whose blocks are allocated, to running."""
     scheduler.waiting.pop_request()
     scheduler.running.append(request)
+    if request.resumable:
+        scheduler.session_holds.discard(request.request_id)  # a session's next turn: its blocks are in use again
     step.admit(request, num_new, num_hit, resumed=request.status == RequestStatus.PREEMPTED)
     if scheduler.log_stats:
         request.record_event(EngineCoreEventType.SCHEDULED, step.now)

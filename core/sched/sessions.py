@@ -12,7 +12,8 @@ in ``schedule``), like ``phases`` and ``updates``. A session is one ``Request`` 
   by ``reset_prefix_cache``. A released session's blocks return to the pool with their hashes, so its next turn
   recomputes only what the prefix cache lost.
 - **The next chunk** appends its tokens to everything so far (the last sampled token included) and queues the
-  session as a new arrival; with its blocks held, only the new tokens are prefilled.
+  session as a new arrival; with its blocks held, only the new tokens are prefilled. While it waits for admission
+  its blocks stay releasable (a hold with no expiry), so queued sessions never hold what the queue's head needs.
 - **The end of the input** finishes a parked session with its last turn's status (or, queued behind a running turn,
   lets that turn finish the request). An abort ends a session at any point, as any request.
 """
@@ -49,6 +50,7 @@ class SessionHolds:
         self._held: dict[str, tuple[float, int, Request]] = {}
         self._heap: list[tuple[float, int, str]] = []
         self._seq = itertools.count()
+        self.num_released_for_memory = 0  # holds given up because another request needed blocks
 
     def hold(self, request: Request, expiry: float) -> None:
         seq = next(self._seq)
@@ -163,9 +165,11 @@ def release_expired(scheduler: Scheduler) -> None:
 
 def release_for_memory(scheduler: Scheduler) -> bool:
     """Releases the held session whose hold expires first, because a request needs blocks; whether there was one."""
-    request = scheduler.session_holds.pop_soonest()
+    holds = scheduler.session_holds
+    request = holds.pop_soonest()
     if request is None:
         return False
+    holds.num_released_for_memory += 1
     release(scheduler, request)
     return True
 
@@ -178,8 +182,10 @@ def release_all(scheduler: Scheduler) -> None:
 
 def resume(scheduler: Scheduler, session: Request, update: StreamingUpdate) -> None:
     """Starts the session's next turn with ``update`` and queues it; a chunk that would overflow the context ends the
-    session with ERROR."""
-    scheduler.session_holds.discard(session.request_id)
+    session with ERROR. Until it is admitted, its blocks stay releasable (held with no expiry, so parked sessions
+    go first): a queued session must not hold blocks the head of the queue needs."""
+    holds = scheduler.session_holds
+    holds.discard(session.request_id)
     num_tokens = session.num_tokens + len(update.prompt_token_ids)
     if num_tokens > scheduler.max_model_len:
         message = (
@@ -189,6 +195,8 @@ def resume(scheduler: Scheduler, session: Request, update: StreamingUpdate) -> N
         fail_request(scheduler, session, message)
         return
     session.start_next_turn(update)
+    if session.num_computed_tokens > 0:
+        holds.hold(session, math.inf)
     scheduler.waiting.add_request(session)
     if scheduler.log_stats:
         session.record_event(EngineCoreEventType.QUEUED, scheduler.clock())
