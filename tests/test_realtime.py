@@ -223,6 +223,15 @@ def test_errors_are_events_and_the_session_goes_on(servers):
             await conn.response.cancel()
             assert (await recv(conn)).error.code == "response_cancel_not_active"
 
+            await conn.response.create(response={"output_modalities": ["audio"]})
+            assert (await recv(conn)).error.param.startswith("response.output_modalities")
+
+            await add_text(conn, " word" * (MAX_MODEL_LEN + 10))  # more than the context holds
+            await until(conn, "conversation.item.done")
+            await conn.response.create()
+            error = await recv(conn)
+            assert error.error.code == "context_length_exceeded" and str(MAX_MODEL_LEN) in error.error.message
+
             await add_text(conn, "Tell me a long story")
             await until(conn, "conversation.item.done")
             await conn.response.create(response={"max_output_tokens": 40})
@@ -329,3 +338,29 @@ def test_api_key_and_model_on_the_handshake(servers):
     run(refused())
     run(accepted())
     run(unknown_model())
+
+
+def test_a_turn_that_fills_the_context_ends_the_session(servers):
+    tokenizer = servers.engine.tokenizer
+    words = next(k for k in range(MAX_MODEL_LEN, 0, -1) if len(tokenizer.encode(" word" * k)) <= MAX_MODEL_LEN - 3)
+    prompt_len = len(tokenizer.encode(" word" * words))
+
+    async def session() -> None:
+        async with client(servers).realtime.connect(model=MODEL) as conn:
+            await recv(conn)
+            await conn.session.update(session={"type": "realtime", "temperature": 0.0, "ignore": 1})
+            assert (await recv(conn)).error.param == "session.ignore"
+            events = await turn(conn, " word" * words)  # max_output_tokens "inf": all the room left
+            done = events[-1].response
+            assert done.usage.input_tokens == prompt_len
+            # greedy on this model does not stop early here: the turn takes all the room, filling the context
+            assert done.status == "incomplete" and done.status_details.reason == "max_output_tokens"
+            assert prompt_len + done.usage.output_tokens == MAX_MODEL_LEN
+            await add_text(conn, " more")
+            error = await recv(conn)
+            assert error.error.code == "session_ended" and "full" in error.error.message
+            await conn.response.create()
+            assert (await recv(conn)).error.code == "session_ended"
+
+    run(session())
+    wait_kv_free(servers)

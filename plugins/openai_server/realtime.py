@@ -255,9 +255,10 @@ class RealtimeConnection:
         chunk_tokens = self.ctx.tokenizer.encode(text, add_special_tokens=not self.started)
         room = self.ctx.max_model_len - (self.context_len + len(chunk_tokens))
         if room < 1:
+            self.pending.clear()  # else every later response would be refused too
             raise RealtimeEventError(
                 f"The conversation would hold {self.context_len + len(chunk_tokens)} tokens with this input, leaving "
-                f"no room to answer within max_model_len ({self.ctx.max_model_len}).",
+                f"no room to answer within max_model_len ({self.ctx.max_model_len}): the pending input is dropped.",
                 code="context_length_exceeded",
             )
         limit = config.max_output_tokens or self.settings["max_output_tokens"] or "inf"
