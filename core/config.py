@@ -150,6 +150,8 @@ class SchedulerConfig:
     async_scheduling: bool = False
     tool_call_estimator: str = "utility"
     policy_args: dict[str, Any] = field(default_factory=dict)
+    # Frontend: a streamed request's outputs are handed out every this many tokens (and at its first and last).
+    stream_interval: int = 1
 
     @property
     def scheduler_name(self) -> str:
@@ -386,6 +388,10 @@ class EngineArgs:
         metadata=_help("Scheduler-policy settings as JSON, e.g. '{\"eta\": 1.5}'.", cli_type=_json_dict),
     )
     batch_queue_depth: int = field(default=1, metadata=_help("Batches in flight (pipelined step if > 1)."))
+    stream_interval: int = field(
+        default=1,
+        metadata=_help("Hand a streamed request's outputs out every N tokens (and at its first and last token)."),
+    )
     async_scheduling: bool = field(
         default=False,
         metadata=_help("Plan the next step while the current one runs (output placeholders)."),
@@ -608,6 +614,7 @@ class EngineArgs:
             async_scheduling=self.async_scheduling,
             tool_call_estimator=self.tool_call_estimator,
             policy_args=dict(self.policy_args),
+            stream_interval=self.stream_interval,
         )
 
     def _check_combinations(self, config: EngineConfig) -> None:
@@ -664,7 +671,7 @@ class EngineArgs:
             )
         if self.dp_routing not in DP_ROUTINGS:
             raise ValueError(f"dp_routing must be one of {', '.join(DP_ROUTINGS)}, got {self.dp_routing!r}.")
-        for name in ("block_size", "max_num_seqs", "batch_queue_depth", "data_parallel_size"):
+        for name in ("block_size", "max_num_seqs", "batch_queue_depth", "stream_interval", "data_parallel_size"):
             _positive(name, getattr(self, name))
         for name in ("max_num_batched_tokens", "max_model_len"):
             if getattr(self, name) is not None:

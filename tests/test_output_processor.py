@@ -404,3 +404,23 @@ def test_detokenizer_without_prompt_context(tok):
         detok.update(ids[i : i + n], False)
         i += n
     assert detok.output_text == tok.decode(ids) and detok.output_token_ids == ids
+
+
+@pytest.mark.parametrize("kind", [RequestOutputKind.DELTA, RequestOutputKind.CUMULATIVE])
+def test_stream_interval_hands_out_the_first_token_then_every_n_and_the_last(tok, kind):
+    proc = OutputProcessor(tok, stream_interval=3)
+    proc.add_request(request(params=SamplingParams(max_tokens=10, output_kind=kind)), "p")
+    handed_out = []
+    for i in range(10):
+        outputs = step(proc, "r", [40 + i], FinishReason.LENGTH if i == 9 else None).request_outputs
+        handed_out += [(i, list(o.outputs[0].token_ids), o.finished) for o in outputs]
+    all_ids = [40 + i for i in range(10)]
+    if kind == RequestOutputKind.DELTA:  # every token exactly once, in order
+        assert handed_out == [(0, all_ids[:1], False), (3, all_ids[1:4], False), (6, all_ids[4:7], False),
+                              (9, all_ids[7:], True)]  # fmt: skip
+    else:
+        assert handed_out == [(0, all_ids[:1], False), (3, all_ids[:4], False), (6, all_ids[:7], False),
+                              (9, all_ids, True)]  # fmt: skip
+    plain = OutputProcessor(tok)
+    plain.add_request(request(params=SamplingParams(max_tokens=3, output_kind=kind)), "p")
+    assert all(step(plain, "r", [41]).request_outputs for _ in range(2))  # the default: every token

@@ -106,7 +106,9 @@ class Frontend:
             structured_outputs_config=getattr(config, "structured_outputs_config", None),
             lora_config=config.lora_config,
         )
-        self.output_processor = OutputProcessor(tokenizer, log_stats=log_stats)
+        self.output_processor = OutputProcessor(
+            tokenizer, log_stats=log_stats, stream_interval=config.scheduler_config.stream_interval
+        )
         self.default_sampling_fields = default_sampling_fields(config.model_config)
 
     def default_sampling_params(self) -> SamplingParams:
