@@ -62,6 +62,9 @@ def build_app(ctx: ServerContext) -> FastAPI:
     from vllite.plugins.openai_server.anthropic_routes import anthropic_router
 
     app.include_router(anthropic_router(ctx))  # /v1/messages: Anthropic's key headers and error shape
+    from vllite.plugins.openai_server.realtime import realtime_router
+
+    app.include_router(realtime_router(ctx))  # /v1/realtime (WebSocket): one session per connection
     app.include_router(_plain_router(ctx))
     from vllite.plugins.openai_server.pooling_routes import pooling_router
 
@@ -71,6 +74,9 @@ def build_app(ctx: ServerContext) -> FastAPI:
     app.include_router(sagemaker_router(ctx, [api_key_check(ctx)]))  # /ping, /invocations
     app.state.server_load = load = ServerLoad(settings.enable_server_load_tracking)
     app.include_router(load_router(load))  # /load
+    from vllite.plugins.openai_server.kv_events_route import kv_events_router
+
+    app.include_router(kv_events_router(ctx), dependencies=[api_key_check(ctx)])  # /kv_event_sources
     if settings.dev_mode:
         from vllite.plugins.openai_server.ops_routes import ops_router
 
