@@ -76,7 +76,7 @@ def build_app(ctx: ServerContext) -> FastAPI:
     app.include_router(load_router(load))  # /load
     from vllite.plugins.openai_server.kv_events_route import kv_events_router
 
-    app.include_router(kv_events_router(ctx), dependencies=[api_key_check(ctx)])  # /kv_event_sources
+    app.include_router(kv_events_router(ctx), dependencies=[Depends(api_key_check(ctx))])  # /kv_event_sources
     if settings.dev_mode:
         from vllite.plugins.openai_server.ops_routes import ops_router
 
