@@ -218,8 +218,11 @@ class _WorkerView:
 
 
 def _extended_worker(executor: Executor) -> Any:
-    """The executor, or the executor behind the configured worker extension class (``pkg.mod:Class``)."""
-    path = (getattr(executor.config, "plugin_config", None) or {}).get("worker_extension_cls")
+    """The executor, or the executor behind the configured worker extension class (``pkg.mod:Class``): vLLM's
+    ``parallel_config.worker_extension_cls`` where the config has it, else ``plugin_config["worker_extension_cls"]``."""
+    path = getattr(executor.config.parallel_config, "worker_extension_cls", None) or (
+        getattr(executor.config, "plugin_config", None) or {}
+    ).get("worker_extension_cls")
     if not path:
         return executor
     from vllite.registry import resolve_class_path
