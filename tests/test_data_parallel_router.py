@@ -248,3 +248,23 @@ def test_an_unavailable_backend_or_no_multiprocessing_is_a_clear_error():
         make_client(config, multiprocess=True)
     with pytest.raises(ValueError, match="data_parallel_size > 1 needs the multiprocess engine"):
         make_client(config, multiprocess=False)
+
+
+def test_a_sessions_chunks_follow_it_to_its_engine_until_it_ends():
+    """A session's later chunks go to the engine holding its KV; a turn end (``session_open``)
+    does not end the ownership, the session's finish does."""
+    import msgspec
+
+    router = DPRouter(2)
+    first = msgspec.structs.replace(make_request("s"), resumable=True)
+    owner = router.route(first)
+    turn_end = EngineCoreOutput("s", [7], finish_reason=FinishReason.LENGTH, session_open=True)
+    router.on_outputs(owner, EngineCoreOutputs(outputs=[turn_end]))
+    chunk = msgspec.structs.replace(make_request("s", [5]), resumable=True, continuation=True)
+    engines = set()
+    for i in range(5):  # the chunks load the owner, so new requests go to the other engine: chunks do not follow load
+        engines.add(router.route(make_request(f"r{i}")))
+        assert router.route(chunk) == owner
+    assert engines == {1 - owner}
+    router.on_outputs(owner, EngineCoreOutputs(outputs=[EngineCoreOutput("s", [], finish_reason=FinishReason.STOP)]))
+    assert router.owner("s") is None

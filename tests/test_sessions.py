@@ -324,3 +324,44 @@ def test_a_failing_input_stream_ends_its_session_with_that_error(async_llm):
 
     with pytest.raises(TypeError, match="StreamingInput"):
         asyncio.run(main())
+
+
+def test_an_engine_killed_mid_session_ends_each_session_stream_with_engine_dead():
+    import os
+    import signal
+
+    from tests.test_async_llm import _make_llm
+    from vllite.exceptions import EngineDeadError
+
+    llm = _make_llm(step_delay_s=0.001)  # the position-token executor: no model
+    try:
+
+        async def main() -> list[BaseException | None]:
+            parked = asyncio.Event()
+            counted = []
+
+            async def one(i: int) -> BaseException | None:
+                async def inputs():
+                    params = SamplingParams(max_tokens=3, ignore_eos=True, detokenize=False)
+                    yield StreamingInput({"prompt_token_ids": [1, 2, 3 + i]}, params)
+                    await asyncio.Event().wait()  # the next input never comes: the session stays parked
+
+                try:
+                    async for output in llm.generate(inputs(), None, f"dead-{i}"):
+                        if output.outputs[0].finish_reason is not None:
+                            counted.append(i)
+                            if len(counted) == 2:
+                                parked.set()
+                except EngineDeadError as exc:
+                    return exc
+                return None
+
+            tasks = [asyncio.create_task(one(i)) for i in range(2)]
+            await asyncio.wait_for(parked.wait(), 30)
+            os.kill(llm.engine_core.resources.proc.pid, signal.SIGKILL)
+            return await asyncio.wait_for(asyncio.gather(*tasks), 10)
+
+        results = asyncio.run(main())
+        assert all(isinstance(r, EngineDeadError) for r in results)
+    finally:
+        llm.shutdown()
