@@ -265,3 +265,42 @@ def _is_int(value: object) -> bool:
 
 def _is_real(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+class BeamSearchParams(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """Beam search parameters (vLLM's ``BeamSearchParams``), for ``LLM.beam_search`` and ``use_beam_search``.
+
+    ``beam_width`` beams, each up to ``max_tokens`` tokens. ``length_penalty`` divides a finished sequence's
+    cumulative logprob by its generated length to that power (0: no normalisation; > 0 favours longer sequences).
+    ``early_stopping`` (Hugging Face's and earlier vLLM's meaning): ``True`` stops once ``beam_width`` sequences
+    finished, ``False`` once the best live beam cannot beat them at its current length, ``"never"`` once it cannot
+    at any length. ``temperature`` is passed to the step requests; the candidates come from the model's raw
+    logprobs, so it does not change them. The algorithm: :mod:`vllite.engine.beam_search`.
+    """
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+    early_stopping: bool | str = False
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.beam_width) or not 1 <= self.beam_width <= MAX_N:
+            raise ValueError(
+                f"BeamSearchParams.beam_width must be an integer in [1, {MAX_N}], got {self.beam_width!r}."
+            )
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise ValueError(f"BeamSearchParams.max_tokens must be an integer >= 1, got {self.max_tokens!r}.")
+        if not _is_real(self.temperature) or self.temperature < 0:
+            raise ValueError(f"BeamSearchParams.temperature must be a finite number >= 0, got {self.temperature!r}.")
+        if not _is_real(self.length_penalty):
+            raise ValueError(f"BeamSearchParams.length_penalty must be a finite number, got {self.length_penalty!r}.")
+        if self.early_stopping not in (True, False, "never") or not isinstance(self.early_stopping, (bool, str)):
+            raise ValueError(
+                f"BeamSearchParams.early_stopping must be True, False or 'never', got {self.early_stopping!r}."
+            )
+        for name in ("ignore_eos", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"BeamSearchParams.{name} must be True or False, got {getattr(self, name)!r}.")

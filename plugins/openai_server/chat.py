@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllite.exceptions import BadRequestError
-from vllite.outputs import CompletionOutput
+from vllite.outputs import CompletionOutput, RequestOutput
 from vllite.plugins.openai_server.chat_template import render_messages
 from vllite.plugins.openai_server.context import ServerContext
 from vllite.plugins.openai_server.errors import check_sample, error_event
@@ -68,6 +68,7 @@ class ChatRun:
     request_id: str
     model: str
     prompt_ids: list[int]
+    final: RequestOutput | None = None  # already finished (``use_beam_search``): nothing to read from ``submitted``
 
 
 async def create_chat_completion(
@@ -128,6 +129,20 @@ async def start_chat(
         truncate_prompt_tokens=request.truncate_prompt_tokens,
     )
     request_id = request.request_id or random_id("chatcmpl-")
+    if request.use_beam_search:
+        from vllite.plugins.openai_server.beam_search import beam_search_params, run_beam_search
+
+        beam_params = beam_search_params(request, ctx, max_tokens)
+        [final] = await run_beam_search(
+            ctx,
+            request_id,
+            [prompt_ids],
+            beam_params,
+            lora_request=lora_request,
+            priority=request.priority,
+            data_parallel_rank=data_parallel_rank,
+        )
+        return ChatRun(mode, reasoning, Submitted(ctx.engine, []), request_id, model, prompt_ids, final)
     ctx.log_prompt(request_id, prompt_ids, params)
     submitted = await submit(
         ctx.engine,
@@ -145,7 +160,7 @@ async def collect_chat(ctx: ServerContext, request: ChatCompletionRequest, run: 
     """The whole response of a started chat, once every sample has finished."""
     mode, reasoning, submitted = run.mode, run.reasoning, run.submitted
     request_id, model, prompt_ids = run.request_id, run.model, run.prompt_ids
-    final = None
+    final = run.final
     try:
         async for _, output in submitted.outputs():
             final = output

@@ -76,6 +76,8 @@ async def create_completion(
         vocab_size=ctx.engine.engine_info.vocab_size,
     )
     request_id = request.request_id or random_id("cmpl-")
+    if request.use_beam_search:
+        return await _beam_search(ctx, request, prompts, request_id, model, lora_request, data_parallel_rank)
     engine_prompts = _engine_prompts(ctx, request, prompts)
     check_max_tokens(
         request.max_tokens if "max_tokens" in request.model_fields_set else None,
@@ -133,6 +135,43 @@ def _encode(ctx: ServerContext, text: str, add_special_tokens: bool) -> list[int
     return [int(t) for t in ctx.tokenizer.encode(text, add_special_tokens=add_special_tokens)]
 
 
+async def _beam_search(
+    ctx: ServerContext,
+    request: CompletionRequest,
+    prompts: list[str | list[int]],
+    request_id: str,
+    model: str,
+    lora_request: Any,
+    data_parallel_rank: int | None,
+) -> CompletionResponse:
+    """``use_beam_search``: the best ``n`` beams of each prompt as its choices, best first."""
+    from vllite.plugins.openai_server.beam_search import beam_search_params, run_beam_search
+
+    params = beam_search_params(request, ctx, request.max_tokens)
+    token_prompts = [(_encode(ctx, p, request.add_special_tokens) if isinstance(p, str) else list(p)) for p in prompts]
+    if request.truncate_prompt_tokens is not None:
+        keep = ctx.max_model_len if request.truncate_prompt_tokens == -1 else request.truncate_prompt_tokens
+        right = request.truncation_side == "right"
+        token_prompts = [ids[:keep] if right else ids[-keep:] for ids in token_prompts]
+    check_max_tokens(
+        request.max_tokens if "max_tokens" in request.model_fields_set else None,
+        [len(ids) for ids in token_prompts],
+        max_model_len=ctx.max_model_len,
+        param="max_tokens",
+    )
+    outputs = await run_beam_search(
+        ctx,
+        request_id,
+        token_prompts,
+        params,
+        prompt_texts=[p if isinstance(p, str) else None for p in prompts],
+        lora_request=lora_request,
+        priority=request.priority,
+        data_parallel_rank=data_parallel_rank,
+    )
+    return _response(ctx, request, dict(enumerate(outputs)), request_id, model)
+
+
 async def _collect(
     ctx: ServerContext, request: CompletionRequest, submitted: Submitted, request_id: str, model: str
 ) -> CompletionResponse:
@@ -142,9 +181,16 @@ async def _collect(
             finals[index] = output
     finally:
         await submitted.abort_unfinished()
+    return _response(ctx, request, finals, request_id, model)
+
+
+def _response(
+    ctx: ServerContext, request: CompletionRequest, finals: dict[int, RequestOutput], request_id: str, model: str
+) -> CompletionResponse:
+    """The whole response from each prompt's final output (``finals[i]``: prompt ``i``'s)."""
     choices: list[CompletionChoice] = []
     prompt_tokens = completion_tokens = 0
-    for index in range(len(submitted.requests)):
+    for index in range(len(finals)):
         output = finals[index]
         prompt_tokens += len(output.prompt_token_ids or ())
         for sample in output.outputs:

@@ -68,6 +68,10 @@ class SamplingFields(RequestModel):
     return_token_ids: bool = False
     # Logprob tokens as "token_id:N" strings (tokens that are not valid UTF-8 on their own stay identifiable)
     return_tokens_as_token_ids: bool | None = None
+    # Beam search (a frontend loop over the engine): n is the beam width
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    early_stopping: bool | Literal["never"] = False
     priority: int = 0
     request_id: str | None = None
     cache_salt: str | None = None
