@@ -132,3 +132,18 @@ def test_continuum_holds_a_session_for_the_estimators_ttl_of_its_tool():
     s.add_request(session(s, "u", list(range(40, 50))))
     run_turn(s, ex, "u")
     assert s.session_holds._held["u"][0] == clock.now + 60.0
+
+
+def test_a_blocked_new_request_lets_a_queued_session_holding_its_blocks_go_first():
+    s, _, ex = build(num_blocks=9)  # 8 usable blocks of 4 tokens
+    s.add_request(session(s, "a", list(range(10, 20))))  # 12 tokens with its outputs: 3 blocks, held
+    run_turn(s, ex, "a")
+    s.add_request(session(s, "new", list(range(30, 43)), resumable=False, max_tokens=3))  # 4 blocks, 16 slots
+    s.add_request(session(s, "filler", list(range(60, 68)), resumable=False))  # 2 blocks: only 1 is free
+    so, _ = step(s, ex)
+    assert set(so.num_scheduled_tokens) == {"new"}  # the hold is kept while "new" runs
+    s.add_session_chunk(session(s, "a", [1, 2], chunk=True))  # 14 tokens: one more block; queued behind "filler"
+    so, _ = step(s, ex)
+    assert set(so.num_scheduled_tokens) == {"new", "a"}  # "filler" was set aside for the session behind it
+    assert [r.request_id for r in s.waiting] == ["filler"]
+    assert s.session_holds.num_released_for_memory == 0

@@ -272,7 +272,12 @@ def _retry_blocked_head(scheduler: Scheduler, request: Request, num_needed: int,
     while requests run (they will free blocks); with none running, the hold that expires first gives way. True when
     admission goes on with the (possibly new) head: a hold, the policy or the KV connector released blocks, or the
     request can never fit and was failed (as it was when ``on_admission_blocked`` raised); False when admission
-    stops for this step."""
+    stops for this step. A head that holds no blocks is set aside for this step while sessions holding theirs wait
+    behind it: they need only their new tokens' blocks, and each one admitted is a program going on."""
+    holds = scheduler.session_holds
+    if holds and not holds.is_queued(request.request_id) and holds.num_queued:
+        skipped.append(scheduler.waiting.pop_request())
+        return True
     if not scheduler.running and release_for_memory(scheduler):
         return True  # nothing runs that would free blocks: a held session gives way
     try:

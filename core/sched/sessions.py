@@ -53,6 +53,7 @@ class SessionHolds:
         self.num_released_for_memory = 0  # holds given up because another request needed blocks
 
     def hold(self, request: Request, expiry: float) -> None:
+        """Holds ``request``'s blocks until ``expiry``; ``math.inf``: a session queued for its next turn."""
         seq = next(self._seq)
         self._held[request.request_id] = (expiry, seq, request)
         heapq.heappush(self._heap, (expiry, seq, request.request_id))
@@ -60,6 +61,16 @@ class SessionHolds:
     def discard(self, request_id: str) -> bool:
         """Forgets the hold of ``request_id`` (the blocks stay where they are); whether there was one."""
         return self._held.pop(request_id, None) is not None
+
+    def is_queued(self, request_id: str) -> bool:
+        """Whether ``request_id`` is a session queued for its next turn with its blocks held."""
+        entry = self._held.get(request_id)
+        return entry is not None and entry[0] == math.inf
+
+    @property
+    def num_queued(self) -> int:
+        """Sessions queued for their next turn with their blocks held."""
+        return sum(1 for entry in self._held.values() if entry[0] == math.inf)
 
     def pop_soonest(self) -> Request | None:
         """The held session whose hold expires first, no longer held; ``None`` when none is."""
