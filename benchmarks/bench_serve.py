@@ -2,7 +2,8 @@
 
 ``overhead``: the server's own cost. The same load (random-token prompts, ``ignore_eos``, all sent at once) runs
 through ``AsyncLLM`` in-process and through ``vllite serve`` with HTTP streaming (``vllite bench serve``'s
-client); output tokens/s of both, and their ratio.
+client), the server once per ``--stream-intervals`` value (vLLM's ``--stream-interval``: one SSE event per N
+tokens); output tokens/s of each, and their ratios to in-process.
 
 ``peer``: ``vllite serve`` against vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server`` run by
 ``--vllm-python``) on the same model and load: throughput and TTFT / TPOT percentiles of both.
@@ -12,7 +13,7 @@ short outputs, arriving at ``--request-rate``): a ``p2p`` kv_producer and a kv_c
 half of the CPUs (``VLLITE_CPU_OMP_THREADS_BIND``), behind ``vllite disagg-proxy``, vs one ``vllite serve`` on all
 of them. Throughput, TTFT and TPOT percentiles of both.
 
-    python benchmarks/bench_serve.py overhead --rounds 3
+    python benchmarks/bench_serve.py overhead --rounds 3 --stream-intervals 1,8
     python benchmarks/bench_serve.py peer --vllm-python /tmp/vllm-venv/bin/python --rounds 3
     python benchmarks/bench_serve.py disagg --model MODEL --input-len 512 --output-len 64 --range-ratio 0.5 \
         --request-rate 2 --num-prompts 48 --rounds 3
@@ -85,7 +86,9 @@ def engine_flags(args: argparse.Namespace) -> list[str]:
 def overhead(args: argparse.Namespace) -> dict:
     from vllite.plugins.engine_proc.async_llm import AsyncLLM
 
-    http, inproc = [], []
+    intervals = [int(v) for v in args.stream_intervals.split(",")]
+    http: dict[int, list[float]] = {interval: [] for interval in intervals}
+    inproc: list[float] = []
     for _ in range(args.rounds):
         engine = AsyncLLM(
             model=args.model, dtype="float32", max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs
@@ -94,15 +97,20 @@ def overhead(args: argparse.Namespace) -> dict:
             inproc.append(in_process_tokens_per_s(engine, args))
         finally:
             engine.shutdown()
-        with RemoteServer([*engine_flags(args), "--uvicorn-log-level", "warning"]) as server:
-            http.append(bench_serve(load_config(args, server.url), log=lambda _: None)["output_throughput"])
-        print(f"round: in-process {inproc[-1]:.1f} tok/s, HTTP streaming {http[-1]:.1f} tok/s", flush=True)
-    result = {
-        "in_process_tok_s": statistics.median(inproc),
-        "http_tok_s": statistics.median(http),
-        "rounds": {"in_process": inproc, "http": http},
-    }
-    result["ratio"] = result["http_tok_s"] / result["in_process_tok_s"]
+        for interval in intervals:
+            flags = [*engine_flags(args), "--uvicorn-log-level", "warning", "--stream-interval", str(interval)]
+            with RemoteServer(flags) as server:
+                tok_s = bench_serve(load_config(args, server.url), log=lambda _: None)["output_throughput"]
+            http[interval].append(tok_s)
+        shown = ", ".join(f"HTTP stream-interval {i} {http[i][-1]:.1f}" for i in intervals)
+        print(f"round: in-process {inproc[-1]:.1f} tok/s, {shown} tok/s", flush=True)
+    in_process = statistics.median(inproc)
+    result: dict = {"in_process_tok_s": in_process, "rounds": {"in_process": inproc}}
+    for interval in intervals:
+        median = statistics.median(http[interval])
+        result[f"http_tok_s_interval_{interval}"] = median
+        result[f"ratio_interval_{interval}"] = median / in_process
+        result["rounds"][f"http_interval_{interval}"] = http[interval]
     return result
 
 
@@ -216,6 +224,7 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--stream-intervals", default="1,8", help="overhead: the server's --stream-interval values.")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vllm-python", default=None, help="peer: the python that has vLLM installed.")
     parser.add_argument("--vllm-port", type=int, default=8765)

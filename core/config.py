@@ -196,6 +196,8 @@ class ParallelConfig:
     dp_retry: bool = False
     #: CPUs each engine reserves in its Ray placement-group bundle (the ray backend).
     dp_cpus_per_engine: float = 1.0
+    #: A class (``pkg.mod:Class``) whose methods ``collective_rpc`` may call on every worker (vLLM's name).
+    worker_extension_cls: str = ""
 
     @property
     def world_size(self) -> int:
@@ -476,6 +478,9 @@ class EngineArgs:
     dp_cpus_per_engine: float = field(
         default=1.0, metadata=_help("CPUs each data-parallel engine reserves on its Ray node (the ray backend).")
     )
+    worker_extension_cls: str = field(
+        default="", metadata=_help("A class (pkg.mod:Class) whose methods collective_rpc may call on the workers.")
+    )
     enable_lora: bool = field(default=False, metadata=_help("Serve LoRA adapters (lora_request, --lora-modules)."))
     max_loras: int = field(default=1, metadata=_help("Most distinct LoRA adapters in one step."))
     max_lora_rank: int = field(default=16, metadata=_help("Highest LoRA adapter rank served."))
@@ -549,6 +554,7 @@ class EngineArgs:
                 dp_lockstep=self.dp_lockstep,
                 dp_retry=self.dp_retry,
                 dp_cpus_per_engine=self.dp_cpus_per_engine,
+                worker_extension_cls=self.worker_extension_cls,
             ),
             observability_config=ObservabilityConfig(log_stats=not self.disable_log_stats),
             executor=self.executor,

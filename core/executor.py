@@ -168,7 +168,7 @@ class Executor(ABC):
     def rpc_workers(self) -> tuple[Any, ...]:
         """What :meth:`collective_rpc` calls, one object per worker. An executor that runs its model in this process
         is its own one worker (the default); one that drives worker processes returns their handles. With a worker
-        extension class (vLLM's ``worker_extension_cls``, read from ``config.plugin_config``), the worker is an
+        extension class (vLLM's ``--worker-extension-cls``, ``parallel_config.worker_extension_cls``), the worker is an
         instance of that class whose missing attributes are the executor's."""
         worker = self.__dict__.get("_rpc_worker")
         if worker is None:
@@ -218,11 +218,9 @@ class _WorkerView:
 
 
 def _extended_worker(executor: Executor) -> Any:
-    """The executor, or the executor behind the configured worker extension class (``pkg.mod:Class``): vLLM's
-    ``parallel_config.worker_extension_cls`` where the config has it, else ``plugin_config["worker_extension_cls"]``."""
-    path = getattr(executor.config.parallel_config, "worker_extension_cls", None) or (
-        getattr(executor.config, "plugin_config", None) or {}
-    ).get("worker_extension_cls")
+    """The executor, or the executor behind the configured worker extension class (``pkg.mod:Class``, vLLM's
+    ``parallel_config.worker_extension_cls``)."""
+    path = getattr(getattr(executor.config, "parallel_config", None), "worker_extension_cls", "")
     if not path:
         return executor
     from vllite.registry import resolve_class_path

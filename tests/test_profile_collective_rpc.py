@@ -13,7 +13,7 @@ EXTENSION = "vllite.testing.worker_extension:EchoWorkerExtension"
 
 @pytest.fixture(scope="module")
 def llm():
-    with LLM(max_model_len=256, plugin_config={"worker_extension_cls": EXTENSION}) as engine:
+    with LLM(max_model_len=256, worker_extension_cls=EXTENSION) as engine:  # vLLM's --worker-extension-cls
         yield engine
 
 
