@@ -44,7 +44,7 @@ def servers(tmp_path_factory):
         engine_args = EngineArgs(
             model=str(default_model_path()),
             max_model_len=512,
-            plugin_config={"worker_extension_cls": "vllite.testing.worker_extension:EchoWorkerExtension"},
+            worker_extension_cls="vllite.testing.worker_extension:EchoWorkerExtension",
         )
         settings = {
             "dev": ServerSettings(
@@ -52,7 +52,7 @@ def servers(tmp_path_factory):
             ),
             "plain": ServerSettings(served_model_names=("demo",), dev_mode=False),
         }
-        harness = InProcessServers(engine_args, settings)
+        harness = InProcessServers(engine_args, settings, metrics=True)
     harness.trace_dir = trace_dir
     try:
         yield harness
@@ -114,6 +114,19 @@ def test_sleep_wake_up_and_is_sleeping(dev):
     assert dev.get("/is_sleeping").json() == {"is_sleeping": False}
     completion = dev.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 3})
     assert completion.status_code == 200 and completion.json()["usage"]["completion_tokens"] == 3
+
+
+def test_sleep_and_wake_up_set_the_engine_sleep_state_metric(dev):
+    def state() -> dict[str, float]:
+        lines = [line for line in dev.get("/metrics").text.splitlines() if line.startswith("vllite:engine_sleep_state")]
+        return {line.split('sleep_state="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1]) for line in lines}
+
+    dev.post("/sleep", params={"level": 2})
+    assert state() == {"awake": 0.0, "weights_offloaded": 0.0, "discard_all": 1.0}
+    dev.post("/wake_up", params={"tags": "weights"})
+    assert state()["awake"] == 0.0  # the KV cache is still gone
+    dev.post("/wake_up")
+    assert state() == {"awake": 1.0, "weights_offloaded": 0.0, "discard_all": 0.0}
 
 
 def test_sleep_and_wake_up_bad_parameters_name_them(dev):

@@ -1,5 +1,5 @@
 """A worker extension class for testing ``collective_rpc`` (vLLM's ``worker_extension_cls``): select it with
-``plugin_config={"worker_extension_cls": "vllite.testing.worker_extension:EchoWorkerExtension"}``."""
+``worker_extension_cls="vllite.testing.worker_extension:EchoWorkerExtension"`` (``--worker-extension-cls``)."""
 
 from __future__ import annotations
 

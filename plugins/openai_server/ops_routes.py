@@ -68,6 +68,8 @@ def ops_router(ctx: ServerContext, dependencies: list[Any]) -> APIRouter:
     async def sleep(level: Annotated[int, Query(ge=0, le=2)] = 1, mode: PauseModeParam = "abort") -> Response:
         logger.info("Putting the engine to sleep (level %d, mode %s)", level, mode)
         await engine.sleep(level, mode)
+        if ctx.metrics is not None:
+            ctx.metrics.record_sleep_state(level)
         return Response(status_code=200)
 
     @router.post("/wake_up")
@@ -77,6 +79,8 @@ def ops_router(ctx: ServerContext, dependencies: list[Any]) -> APIRouter:
             raise BadRequestError(f"Unknown wake_up tags {unknown}; known: {', '.join(WAKE_UP_TAGS)}.", param="tags")
         logger.info("Waking the engine up (tags %s)", tags or "all")
         await engine.wake_up(tags or None)
+        if ctx.metrics is not None and not await engine.is_sleeping():
+            ctx.metrics.record_sleep_state(0)
         return Response(status_code=200)
 
     @router.get("/is_sleeping")
