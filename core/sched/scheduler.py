@@ -14,10 +14,11 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from vllite.exceptions import KVCacheStateError, PluginHookError
+from vllite.exceptions import KVCacheStateError
 from vllite.kv_cache import KVCacheManager, get_hash_fn, get_request_block_hasher
 from vllite.protocol import EngineCoreEventType, EngineCoreOutputs, SchedulerStats
 from vllite.request import Request, RequestStatus
+from vllite.sched import lifecycle
 from vllite.sched.cached_data import make_cached_request_data
 from vllite.sched.faults import fail_request, release_finished, step_start
 from vllite.sched.interface import PauseState, SchedulerInterface
@@ -242,35 +243,8 @@ class Scheduler(SchedulerInterface):
     # ------------------------------------------------------------------ requests in and out
     def add_request(self, request: Request) -> None:
         """Registers a request and queues it as WAITING; ``ValueError`` for a duplicate id, an empty prompt, or a
-        prompt longer than ``max_model_len``."""
-        if request.request_id in self.requests:
-            raise ValueError(f"Request id {request.request_id!r} is already in the scheduler.")
-        kv_transfer = self.kv_transfer
-        if kv_transfer is not None and request.request_id in kv_transfer.held:
-            raise ValueError(
-                f"Request id {request.request_id!r} is still in use: the KV connector is transferring the KV of "
-                "the finished request of that id."
-            )
-        if request.num_tokens == 0:
-            raise ValueError(f"Request {request.request_id!r} has an empty prompt.")
-        if request.num_tokens > self.max_model_len:
-            raise ValueError(
-                f"Request {request.request_id!r} has {request.num_tokens} tokens, more than max_model_len "
-                f"({self.max_model_len})."
-            )
-        try:
-            self.on_request_arrival(request)
-        except Exception as exc:  # not registered yet: the engine rejects it with this error
-            raise PluginHookError(self, "on_request_arrival", exc) from exc
-        if kv_transfer is not None:
-            try:
-                kv_transfer.connector.on_new_request(request)
-            except Exception as exc:
-                raise PluginHookError(kv_transfer.connector, "on_new_request", exc) from exc
-        self.requests[request.request_id] = request
-        self.waiting.add_request(request)
-        if self.log_stats:
-            request.record_event(EngineCoreEventType.QUEUED, self.clock())
+        prompt longer than ``max_model_len`` (``vllite.sched.lifecycle``)."""
+        lifecycle.add_request(self, request)
 
     def add_session_chunk(self, chunk: Request) -> None:
         """The next input chunk (or the end of the input) of the live session ``chunk.request_id``; see
@@ -283,31 +257,7 @@ class Scheduler(SchedulerInterface):
         Unknown and already-finished ids are ignored, so aborting twice is harmless. Finished ids are reported
         to the workers in the next ``SchedulerOutput`` and to the clients in the next outputs.
         """
-        if not RequestStatus.is_finished(finished_status):
-            raise ValueError(f"finish_requests needs a finished status, got {finished_status!r}.")
-        if request_ids is None:
-            request_ids = list(self.requests)
-        elif isinstance(request_ids, str):
-            request_ids = (request_ids,)
-        finished: list[Request] = []
-        from_running: set[Request] = set()
-        from_waiting: list[Request] = []
-        for request_id in request_ids:
-            request = self.requests.get(request_id)
-            if request is None or request.is_finished():
-                continue
-            if request.status == RequestStatus.RUNNING:
-                from_running.add(request)
-            else:
-                from_waiting.append(request)
-            request.status = finished_status
-            self._free_request(request)
-            finished.append(request)
-        if from_running:
-            self.running[:] = [r for r in self.running if r not in from_running]
-        if from_waiting:
-            self.waiting.remove_requests(from_waiting)
-        return finished
+        return lifecycle.finish_requests(self, request_ids, finished_status)
 
     def _free_request(self, request: Request) -> None:
         """Forgets a finished request (already out of the queues) and lets the policy free its blocks."""
