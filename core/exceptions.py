@@ -22,7 +22,11 @@ The hierarchy (a class in brackets is a second base, kept so that callers catchi
     ├── KVBlockFileError, KVLoadError, KVConnectorConformanceError, P2PTransferError
     ├── BenchReplayError [RuntimeError], ServeBenchError [RuntimeError]
     ├── LoRAAdapterError [ValueError] (an adapter that cannot be loaded or run)
-    ├── the HTTP server's, one per status: BadRequestError [ValueError] (400), UnauthorizedError (401),
+    ├── SessionClosedError [ValueError] (an input chunk for a session that is not open)
+    ├── TracingUnavailableError (--otlp-traces-endpoint without the OpenTelemetry packages), BatchLineError
+    │   (a run-batch line that cannot run: its error record)
+    ├── the HTTP server's, one per status: BadRequestError [ValueError] (400) ── RealtimeEventError (an error
+    │   event on a /v1/realtime connection), UnauthorizedError (401),
     │   ModelNotFoundError (404) ── LoRANotFoundError, ResponseNotFoundError (404), RequestFailedError (500)
     └── UpstreamError (the disaggregation proxy could not reach a server: it answers 502)
 """
@@ -252,6 +256,30 @@ class BadRequestError(VlliteError, ValueError):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+
+
+class RealtimeEventError(BadRequestError):
+    """A client event the server refuses: answered with one ``error`` event (``code``, ``param``, and the client's
+    ``event_id``) on that connection; the session goes on."""
+
+    def __init__(self, message: str, *, code: str, param: str | None = None, event_id: str | None = None) -> None:
+        super().__init__(message, param)
+        self.code = code
+        self.event_id = event_id
+
+
+class BatchLineError(VlliteError):
+    """A line of a ``vllite run-batch`` input file that cannot run: the HTTP status the server would answer, and
+    OpenAI's error fields (written as that line's error record)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.param = param
+
+
+class TracingUnavailableError(VlliteError):
+    """``--otlp-traces-endpoint`` was given but the OpenTelemetry SDK or its OTLP exporter is not installed."""
 
 
 class ModelNotFoundError(VlliteError):

@@ -348,15 +348,15 @@ def test_a_resolved_adapter_that_does_not_fit_is_400(client, adapter_dirs, resol
 def test_the_runtime_routes_exist_only_with_the_switch():
     """Without VLLITE_ALLOW_RUNTIME_LORA_UPDATING the routes are not there: 404 (the app is driven in-process)."""
     from vllite.plugins.openai_server.app import build_app
+    from vllite.plugins.openai_server.context import ServerSettings
 
     async def unload(name: str) -> None:
         return None
 
     async def post(runtime_updating: bool, path: str, body: dict) -> tuple[int, bytes]:
         loras = SimpleNamespace(runtime_updating=runtime_updating, unload=unload)
-        ctx = SimpleNamespace(
-            loras=loras, settings=SimpleNamespace(api_key=None), engine=SimpleNamespace(errored=False)
-        )
+        settings = ServerSettings(served_model_names=("m",), dev_mode=False)
+        ctx = SimpleNamespace(loras=loras, settings=settings, engine=SimpleNamespace(errored=False))
         app = build_app(ctx)  # type: ignore[arg-type]
         incoming = [{"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}]
         sent: list[dict] = []

@@ -10,7 +10,7 @@ import pytest
 
 from tests.test_engine_proc import FAKE_EXECUTOR, ensure_engine_proc_plugin, expected_tokens
 from vllite.engine.output_processor import OutputProcessor
-from vllite.engine.stats import FinishedRequestStats, IterationStats
+from vllite.engine.stats import FinishedRequestStats, IterationStats, RequestParamStats
 from vllite.plugins.engine_proc.stat_loggers import StatLogger
 from vllite.protocol import (
     EngineCoreEvent,
@@ -80,6 +80,10 @@ def test_iteration_stats_ttft_itl_and_finished_requests():
         decode_time=pytest.approx(0.75),
         inference_time=pytest.approx(1.25),
         mean_time_per_output_token=pytest.approx(0.25),
+        request_id="a",
+        arrival_time=100.0,
+        first_token_latency=pytest.approx(1.0),
+        params=RequestParamStats(n=1, max_tokens=100, temperature=1.0, top_p=1.0),
     )
     assert b == FinishedRequestStats(
         finish_reason="stop",
@@ -91,6 +95,10 @@ def test_iteration_stats_ttft_itl_and_finished_requests():
         decode_time=pytest.approx(0.5),
         inference_time=pytest.approx(0.95),
         mean_time_per_output_token=pytest.approx(0.5),
+        request_id="b",
+        arrival_time=100.5,
+        first_token_latency=pytest.approx(1.5),
+        params=RequestParamStats(n=1, max_tokens=100, temperature=1.0, top_p=1.0),
     )
     assert not proc.has_unfinished_requests()
 

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 
-from vllite.exceptions import BadRequestError
+from vllite.exceptions import RealtimeEventError
 
 # ---------------------------------------------------------------------------------------------- client events
 
@@ -106,16 +106,6 @@ CLIENT_EVENTS: dict[str, type[ClientEvent]] = {
     "response.create": ResponseCreate,
     "response.cancel": ResponseCancel,
 }
-
-
-class RealtimeEventError(BadRequestError):
-    """A client event the server refuses: answered with one ``error`` event (``code``, ``param``, and the client's
-    ``event_id``) on that connection; the session goes on."""
-
-    def __init__(self, message: str, *, code: str, param: str | None = None, event_id: str | None = None) -> None:
-        super().__init__(message, param)
-        self.code = code
-        self.event_id = event_id
 
 
 def parse_client_event(data: object) -> ClientEvent:

@@ -32,6 +32,8 @@ from typing import IO, Any
 import msgspec
 import pydantic
 
+from vllite.exceptions import BatchLineError
+
 logger = logging.getLogger("vllite.server")
 
 #: The urls a line may name (the score and rerank urls match on their suffix, as vLLM's).
@@ -47,15 +49,6 @@ class BatchRequestInput(pydantic.BaseModel):
     method: str
     url: str
     body: dict[str, Any]
-
-
-class BatchLineError(Exception):
-    """A line that cannot run: the HTTP status the server would answer, and OpenAI's error fields."""
-
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.param = param
 
 
 def add_run_batch_arguments(parser: argparse.ArgumentParser) -> None:

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from vllite.engine.stats import FinishedRequestStats, IterationStats, current_trace_headers
-from vllite.exceptions import VlliteError
+from vllite.exceptions import TracingUnavailableError
 from vllite.protocol import SchedulerStats
 
 logger = logging.getLogger(__name__)
@@ -48,10 +48,6 @@ class SpanAttributes:
     GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL = "gen_ai.latency.time_in_model_prefill"
     GEN_AI_LATENCY_TIME_IN_MODEL_DECODE = "gen_ai.latency.time_in_model_decode"
     GEN_AI_LATENCY_TIME_IN_MODEL_INFERENCE = "gen_ai.latency.time_in_model_inference"
-
-
-class TracingUnavailableError(VlliteError):
-    """``--otlp-traces-endpoint`` was given but the OpenTelemetry SDK or its OTLP exporter is not installed."""
 
 
 def make_tracer_provider(endpoint: str, service_name: str = "vllite") -> Any:
