@@ -5,7 +5,6 @@ metrics added for vLLM parity, fed by real requests."""
 
 from __future__ import annotations
 
-import inspect
 import json
 import re
 import urllib.request
@@ -14,13 +13,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from vllite.engine import output_processor
 from vllite.plugins.openai_server.testing import RemoteServer
 from vllite.testing import make_tiny_model_dir_cached
 
-#: Whether the frontend gives each request's stats its id and sampling parameters (the request-parameter
-#: histograms and the tracing attributes need them).
-OUTPUT_PROCESSOR_FILLS_REQUEST_STATS = "RequestStateStats.for_request" in inspect.getsource(output_processor)
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "serving.md"
 
 #: vLLM's v1 metric names (``vllm/v1/metrics/loggers.py``, its spec-decoding and perf loggers; the list the
@@ -148,10 +143,6 @@ def test_every_vllm_v1_metric_exists_or_is_documented(server):
     assert not any(name.startswith("vllite:") for name in families)
 
 
-@pytest.mark.skipif(
-    not OUTPUT_PROCESSOR_FILLS_REQUEST_STATS,
-    reason="needs OutputProcessor to build its stats with RequestStateStats.for_request (issue 34 report)",
-)
 def test_request_param_histograms(server):
     families = scrape(server.url)
     labels = {"model_name": "tiny", "engine": "0"}
