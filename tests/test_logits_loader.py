@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from vllite import plugin_manager
+from vllite.builtin_logitsprocs.bad_words import BadWordsLogitsProcessor
 from vllite.builtin_logitsprocs.logit_bias import LogitBiasLogitsProcessor
 from vllite.builtin_logitsprocs.min_p import MinPLogitsProcessor
 from vllite.builtin_logitsprocs.min_tokens import MinTokensLogitsProcessor
-from vllite.builtin_logitsprocs.bad_words import BadWordsLogitsProcessor
 from vllite.builtin_logitsprocs.thinking_budget import ThinkingBudgetLogitsProcessor
 from vllite.config import SchedulerConfig, VllmConfig
 from vllite.exceptions import PluginLoadError
