@@ -159,7 +159,7 @@ class OutputProcessor:
             if stats is not None and iteration_stats is not None:
                 iteration_stats.record_finished(str(finish_reason), state.prompt_len, stats)
             if output.session_open:
-                state.end_turn(state.detokenizer.output_token_ids, self._empty_chunk(state))
+                state.end_turn()
                 return
             self._finish_request(state)
             if not output.finished:
@@ -186,11 +186,6 @@ class OutputProcessor:
         params = session_of(self.request_states.get(request_id), request_id).params
         assert params is not None
         return params
-
-    @staticmethod
-    def _empty_chunk(state: RequestState) -> EngineCoreRequest:
-        assert state.session is not None and state.session.params is not None
-        return EngineCoreRequest(state.request_id, [], state.session.params, None, time.time(), resumable=True)
 
     def _process_pooling_output(
         self, state: PoolingRequestState, output: EngineCoreOutput, result: OutputProcessorOutput

@@ -3,6 +3,7 @@ detokenizer, logprobs, output kind, stream interval, output queue; for a session
 
 from __future__ import annotations
 
+import time
 from typing import Any, Protocol
 
 import msgspec
@@ -10,7 +11,7 @@ import msgspec
 from vllite.engine.detokenizer import IncrementalDetokenizer
 from vllite.engine.logprobs import LogprobsProcessor
 from vllite.engine.parallel_sampling import ParentRequest
-from vllite.engine.sessions import SessionStateMixin, SessionTurns
+from vllite.engine.sessions import SessionTurns
 from vllite.engine.stats import RequestStateStats
 from vllite.outputs import CompletionOutput, RequestOutput
 from vllite.protocol import EngineCoreRequest, FinishReason
@@ -23,7 +24,7 @@ class OutputQueue(Protocol):
     def put(self, output: RequestOutput | Exception) -> None: ...
 
 
-class RequestState(SessionStateMixin):
+class RequestState:
     """Client-side state of one (child) request: ids, prompt, detokenizer, logprobs, output kind, queue; for a
     session, its turns (``vllite.engine.sessions``)."""
 
@@ -169,3 +170,28 @@ class RequestState(SessionStateMixin):
             stop_reason=stop_reason if finished else None,
             error=self.error if finished else None,
         )
+
+    def queue_chunk(self, chunk: EngineCoreRequest, prompt_text: str | None) -> None:
+        """A chunk sent to the engine: its turn starts now if the session waits for input, else after the turns
+        queued before it."""
+        session = self.session
+        assert session is not None
+        if not chunk.resumable:
+            session.input_ended = True
+        elif session.awaiting_input and not session.pending:
+            self.start_turn(chunk, prompt_text)
+        else:
+            session.pending.append((chunk, prompt_text))
+
+    def end_turn(self) -> None:
+        """The engine ended a turn: its tokens join the context; the next queued chunk's turn starts, or the session
+        waits for input (with an empty turn, so that a final output carries no old text)."""
+        session = self.session
+        assert session is not None and session.params is not None
+        session.context_token_ids.extend(self.detokenizer.output_token_ids)
+        if session.pending:
+            self.start_turn(*session.pending.popleft())
+        else:
+            empty = EngineCoreRequest(self.request_id, [], session.params, None, time.time(), resumable=True)
+            self.start_turn(empty, None)
+            session.awaiting_input = True

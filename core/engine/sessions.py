@@ -64,40 +64,6 @@ class SessionTurns:
     params: SamplingParams | None = None
 
 
-class SessionStateMixin:
-    """What ``RequestState`` adds for a session (``self.session`` is None for any other request)."""
-
-    session: SessionTurns | None
-
-    def start_turn(self, chunk: EngineCoreRequest, prompt_text: str | None) -> None:
-        """Resets the per-turn state (prompt, detokenizer, logprobs, output kind, stats) for ``chunk``'s turn."""
-        raise NotImplementedError  # RequestState implements it
-
-    def queue_chunk(self, chunk: EngineCoreRequest, prompt_text: str | None) -> None:
-        """A chunk sent to the engine: its turn starts now if the session waits for input, else after the turns
-        queued before it."""
-        session = self.session
-        assert session is not None
-        if not chunk.resumable:
-            session.input_ended = True
-        elif session.awaiting_input and not session.pending:
-            self.start_turn(chunk, prompt_text)
-        else:
-            session.pending.append((chunk, prompt_text))
-
-    def end_turn(self, output_token_ids: list[int], empty_chunk: EngineCoreRequest) -> None:
-        """The engine ended a turn: its tokens join the context; the next queued chunk's turn starts, or the session
-        waits for input (with an empty turn, so that a final output carries no old text)."""
-        session = self.session
-        assert session is not None
-        session.context_token_ids.extend(output_token_ids)
-        if session.pending:
-            self.start_turn(*session.pending.popleft())
-        else:
-            self.start_turn(empty_chunk, None)
-            session.awaiting_input = True
-
-
 def session_of(state: Any, request_id: str) -> SessionTurns:
     """The open session of an output state; ``SessionClosedError`` when there is none."""
     session = getattr(state, "session", None) if state is not None else None

@@ -107,7 +107,7 @@ def _apply_sampled_to_scheduled(
                 stopped_running.add(request)
             else:
                 stopped_waiting.append(request)
-            session_open = request.resumable and keeps_session_open(request, max_model_len)
+            session_open = keeps_session_open(request, max_model_len)
             if session_open:
                 turns_ended.append(request)
             else:
