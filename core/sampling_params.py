@@ -22,6 +22,8 @@ _MAX_LOGIT_BIAS = 100.0
 _SEED_MIN, _SEED_MAX = -(2**63), 2**63 - 1
 #: The most samples one request may ask for (``n``): each is a full request in the engine.
 MAX_N = 128
+#: The most token ids ``logprob_token_ids`` may name (vLLM's bound).
+MAX_LOGPROB_TOKEN_IDS = 128
 
 
 class RequestOutputKind(enum.IntEnum):
@@ -63,6 +65,9 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     max_tokens: int | None = 16
     min_tokens: int = 0
     logprobs: int | None = None
+    # Score exactly these token ids at every generated position (with the sampled token) instead of the top-N;
+    # ``logprobs`` then defaults to (and must equal) their number. For label scoring without a whole-vocabulary top-N.
+    logprob_token_ids: list[int] | None = None
     prompt_logprobs: int | None = None
     detokenize: bool = True
     skip_special_tokens: bool = True
@@ -94,6 +99,10 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
             self.bad_words = list(self.bad_words)
         if self.logit_bias is not None:
             self.logit_bias = _normalize_logit_bias(self.logit_bias)
+        if isinstance(self.logprob_token_ids, tuple):
+            self.logprob_token_ids = list(self.logprob_token_ids)
+        if self.logprob_token_ids and self.logprobs is None:
+            self.logprobs = len(self.logprob_token_ids)
         self._verify()
         for token_id in self.stop_token_ids:
             if token_id not in self.all_stop_token_ids:
@@ -144,11 +153,27 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or value < -1):
                 raise bad(name, "None, -1 (the whole vocabulary) or an integer >= 0")
+        self._verify_logprob_token_ids()
         if self.truncate_prompt_tokens is not None and (
             not _is_int(self.truncate_prompt_tokens)
             or (self.truncate_prompt_tokens < 1 and self.truncate_prompt_tokens != -1)
         ):
             raise bad("truncate_prompt_tokens", "None, -1 (truncate to max_model_len) or an integer >= 1")
+
+    def _verify_logprob_token_ids(self) -> None:
+        ids = self.logprob_token_ids
+        if ids is None:
+            return
+        if not _is_id_list(ids) or not 1 <= len(ids) <= MAX_LOGPROB_TOKEN_IDS or len(set(ids)) != len(ids):
+            raise self._bad(
+                "logprob_token_ids",
+                f"None or a list of 1 to {MAX_LOGPROB_TOKEN_IDS} distinct token ids (integers >= 0)",
+            )
+        if self.logprobs != len(ids):
+            raise ValueError(
+                f"SamplingParams.logprob_token_ids names {len(ids)} tokens but logprobs={self.logprobs}: when both "
+                "are set, logprobs must equal len(logprob_token_ids)."
+            )
 
     def _verify_tokens(self) -> None:
         bad = self._bad
@@ -220,6 +245,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
             all_stop_token_ids=list(self.all_stop_token_ids),
             logit_bias=dict(self.logit_bias) if self.logit_bias is not None else None,
             allowed_token_ids=list(self.allowed_token_ids) if self.allowed_token_ids is not None else None,
+            logprob_token_ids=list(self.logprob_token_ids) if self.logprob_token_ids is not None else None,
             bad_words=list(self.bad_words) if self.bad_words is not None else None,
             extra_args=copy.deepcopy(self.extra_args) if self.extra_args else self.extra_args,
             structured_outputs=(

@@ -217,6 +217,8 @@ class InputProcessor:
             value = getattr(params, name)
             if value is None:
                 continue
+            if name == "logprobs" and params.logprob_token_ids:
+                continue  # bounded by MAX_LOGPROB_TOKEN_IDS (and the vocabulary, below) instead, as vLLM does
             if value == -1 and max_logprobs != -1:
                 raise ValueError(
                     f"SamplingParams.{name}=-1 (the whole vocabulary) needs max_logprobs=-1; "
@@ -239,6 +241,7 @@ class InputProcessor:
             for name, ids in (
                 ("allowed_token_ids", params.allowed_token_ids),
                 ("logit_bias", params.logit_bias),
+                ("logprob_token_ids", params.logprob_token_ids),
             ):
                 out_of_range = [t for t in (ids or ()) if t >= vocab]
                 if out_of_range:

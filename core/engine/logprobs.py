@@ -18,12 +18,26 @@ def decode_tokens(tokenizer: Any, token_ids: Sequence[int], skip_special_tokens:
 
 
 def make_logprob_dict(
-    token_ids: Sequence[int], logprobs: Sequence[float], rank: int, decoded: Sequence[str | None]
+    token_ids: Sequence[int],
+    logprobs: Sequence[float],
+    rank: int,
+    decoded: Sequence[str | None],
+    *,
+    fixed: bool = False,
 ) -> dict[int, Logprob]:
     """One position: the chosen token (first, with its ``rank``) then the top tokens ranked 1, 2, ...
 
     When the chosen token is also among the top tokens its entry is the top-k one (same logprob and rank).
+    ``fixed``: the columns after the first are the request's ``logprob_token_ids``, whose ranks the engine does not
+    compute (``rank=None``); the chosen token keeps its rank when it is one of them.
     """
+    if fixed:
+        entries = {
+            int(tid): Logprob(logprob=float(lp), rank=None, decoded_token=text)
+            for tid, lp, text in zip(token_ids[1:], logprobs[1:], decoded[1:])
+        }
+        entries[int(token_ids[0])] = Logprob(logprob=float(logprobs[0]), rank=int(rank), decoded_token=decoded[0])
+        return entries
     ranks = itertools.chain((rank,), range(1, len(token_ids)))
     return {
         int(tid): Logprob(logprob=float(lp), rank=int(r), decoded_token=text)
@@ -38,9 +52,12 @@ class LogprobsProcessor:
     entry is None (the first prompt token has no logprob).
     """
 
-    def __init__(self, tokenizer: Any, num_logprobs: int | None, num_prompt_logprobs: int | None) -> None:
+    def __init__(
+        self, tokenizer: Any, num_logprobs: int | None, num_prompt_logprobs: int | None, *, fixed_ids: bool = False
+    ) -> None:
         self.tokenizer = tokenizer
         self.num_logprobs = num_logprobs
+        self.fixed_ids = fixed_ids  # the columns are the request's logprob_token_ids, not its top-N
         self.num_prompt_logprobs = num_prompt_logprobs
         self.logprobs: SampleLogprobs | None = None if num_logprobs is None else []
         self.cumulative_logprob: float | None = None if num_logprobs is None else 0.0
@@ -49,7 +66,7 @@ class LogprobsProcessor:
     @classmethod
     def from_new_request(cls, tokenizer: Any, request: EngineCoreRequest) -> LogprobsProcessor:
         params = request.params
-        return cls(tokenizer, params.logprobs, params.prompt_logprobs)
+        return cls(tokenizer, params.logprobs, params.prompt_logprobs, fixed_ids=bool(params.logprob_token_ids))
 
     def update_from_output(self, output: EngineCoreOutput) -> None:
         if output.new_logprobs is not None and self.logprobs is not None:
@@ -72,7 +89,7 @@ class LogprobsProcessor:
             token_ids, logprobs = token_ids[:width], logprobs[:width]
             self.cumulative_logprob += float(logprobs[0])
             decoded = decode_tokens(self.tokenizer, token_ids)
-            self.logprobs.append(make_logprob_dict(token_ids, logprobs, rank, decoded))
+            self.logprobs.append(make_logprob_dict(token_ids, logprobs, rank, decoded, fixed=self.fixed_ids))
 
     def _update_prompt_logprobs(self, tensors: LogprobsTensors) -> None:
         assert self.prompt_logprobs is not None

@@ -44,7 +44,12 @@ from vllite.plugins.openai_server.responses import (
     UsageInfo,
     sse,
 )
-from vllite.plugins.openai_server.sampling import build_sampling_params, check_common_fields, check_max_tokens
+from vllite.plugins.openai_server.sampling import (
+    build_sampling_params,
+    check_common_fields,
+    check_logprob_token_ids,
+    check_max_tokens,
+)
 from vllite.plugins.openai_server.streams import Submitted, submit
 from vllite.plugins.openai_server.structured import chat_constraint
 from vllite.plugins.openai_server.tool_choice import ToolMode, resolve_tool_mode
@@ -91,6 +96,12 @@ async def start_chat(
     check_common_fields(request, max_logprobs=ctx.max_logprobs)
     if request.top_logprobs is not None and not request.logprobs:
         raise BadRequestError("top_logprobs needs logprobs to be true.", param="top_logprobs")
+    check_logprob_token_ids(
+        request,
+        logprobs_field="logprobs (true)",
+        logprobs_set=bool(request.logprobs),
+        vocab_size=ctx.engine.engine_info.vocab_size,
+    )
     mode = resolve_tool_mode(ctx, request)
     constraint = chat_constraint(request, ctx.structured_outputs_config)
     prompt_ids = render_messages(
@@ -225,7 +236,9 @@ def _logprobs(ctx: ServerContext, request: ChatCompletionRequest, sample: Comple
         return None
     as_ids = bool(request.return_tokens_as_token_ids)
     top = request.top_logprobs or 0
-    return chat_logprobs(sample.token_ids, sample.logprobs or [], top, ctx.tokenizer, as_token_ids=as_ids)
+    return chat_logprobs(
+        sample.token_ids, sample.logprobs or [], top, ctx.tokenizer, as_token_ids=as_ids, only=request.logprob_token_ids
+    )
 
 
 async def _stream(

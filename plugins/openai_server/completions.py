@@ -26,7 +26,12 @@ from vllite.plugins.openai_server.responses import (
     UsageInfo,
     sse,
 )
-from vllite.plugins.openai_server.sampling import build_sampling_params, check_common_fields, check_max_tokens
+from vllite.plugins.openai_server.sampling import (
+    build_sampling_params,
+    check_common_fields,
+    check_logprob_token_ids,
+    check_max_tokens,
+)
 from vllite.plugins.openai_server.streams import Submitted, submit
 from vllite.plugins.openai_server.structured import structured_outputs_field
 
@@ -57,6 +62,17 @@ async def create_completion(
     ``data_parallel_rank``: the engine the ``X-data-parallel-rank`` header names."""
     model, lora_request = await ctx.resolve_model(request.model)
     check_common_fields(request, max_logprobs=ctx.max_logprobs)
+    check_logprob_token_ids(
+        request,
+        logprobs_field="logprobs",
+        logprobs_set=request.logprobs is not None,
+        vocab_size=ctx.engine.engine_info.vocab_size,
+    )
+    if request.logprob_token_ids and request.echo and request.max_tokens == 0:
+        raise BadRequestError(
+            "logprob_token_ids is not supported with echo=true and max_tokens=0: no tokens are generated.",
+            param="logprob_token_ids",
+        )
     if request.best_of is not None and request.best_of != request.n:
         raise BadRequestError(
             f"best_of={request.best_of} is not supported (vllite returns every sample); use n instead.",
@@ -231,7 +247,9 @@ def _choice(
             token_ids = prompt_ids + token_ids
             positions = list(output.prompt_logprobs or [None] * len(prompt_ids)) + positions
         as_ids = bool(request.return_tokens_as_token_ids)
-        logprobs = completion_logprobs(token_ids, positions, request.logprobs, ctx.tokenizer, as_token_ids=as_ids)
+        logprobs = completion_logprobs(
+            token_ids, positions, request.logprobs, ctx.tokenizer, as_token_ids=as_ids, only=request.logprob_token_ids
+        )
     fields: dict[str, Any] = {"prompt_logprobs": prompt_logprobs_json(output.prompt_logprobs)} if whole else {}
     return (PromptLogprobsChoice if whole else CompletionChoice)(
         index=prompt_index * request.n + sample.index,

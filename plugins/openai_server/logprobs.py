@@ -65,8 +65,11 @@ def _token_text(token_id: int, entry: Logprob | None, tokenizer: Any, as_token_i
     return f"token_id:{token_id}"
 
 
-def _top(position: dict[int, Logprob], num: int) -> list[tuple[int, Logprob]]:
-    """The ``num`` most likely tokens at one position (rank 1 first)."""
+def _top(position: dict[int, Logprob], num: int, only: Sequence[int] | None = None) -> list[tuple[int, Logprob]]:
+    """The ``num`` most likely tokens at one position (rank 1 first), or the ``only`` ids a request scored
+    (``logprob_token_ids``), in its order."""
+    if only:
+        return [(t, position[t]) for t in only if t in position]
     ranked = sorted(position.items(), key=lambda item: item[1].rank or 0)
     return [item for item in ranked if item[1].rank is not None and item[1].rank <= num][:num]
 
@@ -79,10 +82,11 @@ def completion_logprobs(
     *,
     text_offset: int = 0,
     as_token_ids: bool = False,
+    only: Sequence[int] | None = None,
 ) -> CompletionLogprobs:
     """Legacy completions logprobs of ``token_ids`` (``positions[i]`` holds token i's logprobs; ``None`` for
     an echoed first prompt token, which has none); offsets start at ``text_offset`` characters. ``as_token_ids``:
-    tokens as ``"token_id:N"``."""
+    tokens as ``"token_id:N"``; ``only``: the ``logprob_token_ids`` to list instead of the top ``num``."""
     out = CompletionLogprobs(text_offset=[], token_logprobs=[], tokens=[], top_logprobs=[])
     offset = text_offset
     for token_id, position in zip(token_ids, positions):
@@ -96,7 +100,9 @@ def completion_logprobs(
             out.top_logprobs.append(None)
             continue
         out.token_logprobs.append(max(entry.logprob, -9999.0))
-        top = {_token_text(t, lp, tokenizer, as_token_ids): max(lp.logprob, -9999.0) for t, lp in _top(position, num)}
+        top = {
+            _token_text(t, lp, tokenizer, as_token_ids): max(lp.logprob, -9999.0) for t, lp in _top(position, num, only)
+        }
         top.setdefault(text, max(entry.logprob, -9999.0))
         out.top_logprobs.append(top)
     return out
@@ -109,9 +115,10 @@ def chat_logprobs(
     tokenizer: Any,
     *,
     as_token_ids: bool = False,
+    only: Sequence[int] | None = None,
 ) -> ChatLogprobs:
     """Chat logprobs: each sampled token with its logprob and its ``num`` top alternatives (``as_token_ids``:
-    tokens as ``"token_id:N"``)."""
+    tokens as ``"token_id:N"``; ``only``: the ``logprob_token_ids`` to list instead)."""
     content = []
     for token_id, position in zip(token_ids, positions):
         entry = position.get(token_id)
@@ -123,7 +130,7 @@ def chat_logprobs(
                 logprob=max(lp.logprob, -9999.0),
                 bytes=list(top_text.encode("utf-8", errors="replace")),
             )
-            for t, lp in _top(position, num)
+            for t, lp in _top(position, num, only)
         ]
         content.append(
             TokenLogprob(

@@ -62,6 +62,8 @@ class SamplingFields(RequestModel):
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     prompt_logprobs: int | None = None
+    # Score exactly these token ids at every generated position (returned as the position's top logprobs)
+    logprob_token_ids: list[int] | None = None
     truncate_prompt_tokens: int | None = None
     # 'left' keeps the prompt's last truncate_prompt_tokens tokens (the default), 'right' its first ones
     truncation_side: Literal["left", "right"] | None = None

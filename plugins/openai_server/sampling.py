@@ -59,7 +59,8 @@ def build_sampling_params(
             ignore_eos=request.ignore_eos,
             max_tokens=max_tokens,
             min_tokens=request.min_tokens,
-            logprobs=logprobs,
+            logprobs=None if request.logprob_token_ids else logprobs,
+            logprob_token_ids=request.logprob_token_ids or None,
             prompt_logprobs=request.prompt_logprobs if request.prompt_logprobs is not None else prompt_logprobs,
             skip_special_tokens=request.skip_special_tokens,
             spaces_between_special_tokens=request.spaces_between_special_tokens,
@@ -116,6 +117,26 @@ def check_common_fields(request: SamplingFields, *, max_logprobs: int) -> None:
     if plp is not None and request.stream and (plp > 0 or plp == -1):
         # vLLM's rule: prompt logprobs come with the whole response, which a stream never sends.
         raise BadRequestError("prompt_logprobs are not available when stream is true.", param="prompt_logprobs")
+
+
+def check_logprob_token_ids(
+    request: SamplingFields, *, logprobs_field: str, logprobs_set: bool, vocab_size: int | None
+) -> None:
+    """vLLM's rules for ``logprob_token_ids``: ids in the vocabulary, the route's logprobs switch
+    (``logprobs_field``) set, no beam search; raises :class:`BadRequestError` naming the field."""
+    ids = request.logprob_token_ids
+    if not ids:
+        return
+    outside = [t for t in ids if t < 0 or (vocab_size is not None and t >= vocab_size)]
+    if outside:
+        raise BadRequestError(
+            f"logprob_token_ids has token ids outside the vocabulary [0, {vocab_size}): {outside[:5]}.",
+            param="logprob_token_ids",
+        )
+    if not logprobs_set:
+        raise BadRequestError(f"logprob_token_ids needs {logprobs_field} to be set.", param="logprob_token_ids")
+    if request.use_beam_search:
+        raise BadRequestError("logprob_token_ids is not supported with beam search.", param="logprob_token_ids")
 
 
 def check_max_tokens(

@@ -51,6 +51,8 @@ class SamplingMetadata:
     generators: dict[int, torch.Generator]  # row -> the request's own generator (seeded requests)
     default_generator: torch.Generator | None
     max_num_logprobs: int | None  # None: no row wants logprobs; -1 is resolved to the vocab size
+    # row -> the token ids it scores instead of its top-N (``SamplingParams.logprob_token_ids``)
+    logprob_token_ids: dict[int, list[int]] = field(default_factory=dict)
     # Penalties (None when no row has one): counts come from the padded token tensors (pad = vocab size).
     frequency_penalties: torch.Tensor | None = None
     presence_penalties: torch.Tensor | None = None
@@ -100,7 +102,7 @@ class Sampler:
         sampled = self.sample(logits, md)
         logprobs = None
         if raw_logprobs is not None:
-            logprobs = gather_logprobs(raw_logprobs, md.max_num_logprobs or 0, sampled)
+            logprobs = gather_logprobs(raw_logprobs, md.max_num_logprobs or 0, sampled, md.logprob_token_ids)
         return SamplerOutput(sampled, logprobs)
 
     def sample_fast(
@@ -230,15 +232,27 @@ def apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     return logits
 
 
-def gather_logprobs(logprobs: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor) -> LogprobsTensors:
+def gather_logprobs(
+    logprobs: torch.Tensor,
+    num_logprobs: int,
+    token_ids: torch.Tensor,
+    fixed_token_ids: dict[int, list[int]] | None = None,
+) -> LogprobsTensors:
     """Per row: the logprob and rank (1 = best; ties count as better) of ``token_ids``, then the top
-    ``num_logprobs`` (``-1`` = the whole vocabulary). Tensors ``[B, 1 + N]``; ranks ``[B]``."""
+    ``num_logprobs`` (``-1`` = the whole vocabulary). Tensors ``[B, 1 + N]``; ranks ``[B]``.
+
+    A row in ``fixed_token_ids`` gets the logprobs of those ids in its columns ``1..k`` instead of its top-k
+    (``num_logprobs`` covers its ``k``; the frontend reads only a request's own columns)."""
     if num_logprobs < 0:
         num_logprobs = logprobs.shape[-1]
     token_ids = token_ids.to(torch.int64).unsqueeze(-1)
     token_logprobs = logprobs.gather(-1, token_ids)
     ranks = (logprobs >= token_logprobs).sum(-1)
     top_logprobs, top_ids = torch.topk(logprobs, num_logprobs, dim=-1)
+    for row, ids_wanted in (fixed_token_ids or {}).items():
+        wanted = torch.tensor(ids_wanted, dtype=torch.int64, device=logprobs.device)
+        top_ids[row, : wanted.numel()] = wanted
+        top_logprobs[row, : wanted.numel()] = logprobs[row, wanted]
     ids = torch.cat((token_ids, top_ids), dim=1)
     values = torch.cat((token_logprobs, top_logprobs), dim=1)
     return LogprobsTensors(ids, values, ranks)

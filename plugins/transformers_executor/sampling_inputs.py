@@ -66,6 +66,7 @@ class SamplingInputs:
             top_k = torch.from_numpy(np.where(k > 0, k, self.vocab_size)).to(dev)
         generators: dict[int, torch.Generator] = {}
         max_logprobs: int | None = None
+        fixed_logprob_ids: dict[int, list[int]] = {}
         allowed_rows: list[int] = []
         for row in range(n):
             state = batch.state_at(row)
@@ -76,6 +77,8 @@ class SamplingInputs:
             if params.logprobs is not None:
                 wanted = self.vocab_size if params.logprobs == -1 else params.logprobs
                 max_logprobs = max(max_logprobs or 0, wanted)
+                if params.logprob_token_ids:
+                    fixed_logprob_ids[row] = params.logprob_token_ids
             if params.allowed_token_ids:
                 allowed_rows.append(row)
         md = SamplingMetadata(
@@ -87,6 +90,7 @@ class SamplingInputs:
             generators=generators,
             default_generator=self.default_generator,
             max_num_logprobs=max_logprobs,
+            logprob_token_ids=fixed_logprob_ids,
             logitsprocs=self.logitsprocs,
         )
         if allowed_rows:

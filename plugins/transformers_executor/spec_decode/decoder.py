@@ -233,7 +233,7 @@ class NgramSpecDecoder:
         result = self.rejection_sampler.verify(logits, md, draft_token_ids.to(logits.device))
         if raw_logprobs is None:
             return result, None
-        t = gather_logprobs(raw_logprobs, md.max_num_logprobs or 0, result.token_ids)
+        t = gather_logprobs(raw_logprobs, md.max_num_logprobs or 0, result.token_ids, md.logprob_token_ids)
         return result, LogprobsLists(t.logprob_token_ids.tolist(), t.logprobs.tolist(), t.selected_token_ranks.tolist())
 
     # ------------------------------------------------------------------ drafting
