@@ -25,7 +25,8 @@ Decisions (paper §4, with the released fork's bugs fixed; see docs/scheduler-po
 - Preemption victims: requests of unpinned jobs before pinned ones, then the latest-arriving job, then the latest
   admitted. The base algorithm refunds a victim already scheduled this step (the released fork does not).
 - Sessions (resumable requests) parked between turns are held for the estimator's TTL of the turn's tool (the base
-  idle timeout when no tool is known); their next turn's arrival feeds the estimator the tool's duration.
+  idle timeout when no tool is known or the TTL is 0); their next turn's arrival feeds the estimator the tool's
+  duration.
 - Tool names: ``this_func_call`` from the client wins; otherwise the turn's output is detokenized and parsed if
   a detokenizer is available (``detokenize=`` argument, ``plugin_config["continuum"]["detokenize"]``, or the
   model's tokenizer loaded on first need); otherwise the tool is unknown.
@@ -242,8 +243,12 @@ class ContinuumScheduler(Scheduler):
 
     def session_hold_seconds(self, request: Request) -> float:
         """A session parked between turns is a program whose next turn is known to come: it is held for the
-        estimator's TTL of the tool its turn called (the session is the job unless the client named one), or, when no
-        tool is known, for the base idle timeout."""
+        estimator's TTL of the tool its turn called (the session is the job unless the client named one), or for the
+        base idle timeout when no tool is known or the estimator would not pin (TTL 0: a long tool).
+
+        Unlike a pin, a held session costs nothing that others need: its blocks give way to running requests tail
+        first (``vllite.sched.sessions``) and only keep new programs waiting, which program-level FCFS wants anyway;
+        released, its history would be evicted by the time the long tool returns and all of it recomputed."""
         info = turn_info(request)
         if info.job_id is None:
             info.job_id = request.request_id
@@ -254,7 +259,7 @@ class ContinuumScheduler(Scheduler):
         if info.this_func_call is None:
             return super().session_hold_seconds(request)
         ttl = float(self.estimator.set_up_pin(request, now))
-        return ttl if ttl > 0.0 else 0.0
+        return ttl if ttl > 0.0 else super().session_hold_seconds(request)
 
     def on_session_resumed(self, request: Request) -> None:
         """The session's next turn arrived: the gap since its last turn ended feeds the estimator (the tool's

@@ -81,15 +81,64 @@ def test_the_hold_expires_on_the_clock_and_the_next_turn_recomputes_through_the_
     assert so.scheduled_new_reqs[0].num_computed_tokens == 8  # two full blocks survived in the prefix cache
 
 
-def test_a_held_session_gives_way_before_a_running_request_is_preempted():
+def test_a_held_session_gives_its_tail_blocks_to_a_running_request_before_anything_is_preempted():
     s, _, ex = build(num_blocks=9)  # 8 usable blocks of 4 tokens
     s.add_request(session(s, "parked", list(range(10, 20))))  # 12 tokens: 3 blocks
     run_turn(s, ex, "parked")
+    head = s.kv_cache_manager.get_block_ids("parked")[0]
     s.add_request(session(s, "big", list(range(30, 50)), max_tokens=8, resumable=False))  # needs 7 blocks
     run_turn(s, ex, "big")
     assert s.num_preemptions_total == 0
+    # Only the 2 missing blocks went, from the tail: the session keeps its first block and the 4 tokens in it.
+    assert "parked" in s.session_holds and s.kv_cache_manager.get_block_ids("parked") == [head]
+    assert s.requests["parked"].num_computed_tokens == 4
+    assert s.session_holds.num_blocks_released_for_memory == 2
+    step(s, ex)  # "big" leaves
+    s.add_session_chunk(session(s, "parked", [7, 8, 9], chunk=True))
+    so = s.schedule()
+    (new,) = so.scheduled_new_reqs
+    assert new.num_computed_tokens == 4 and so.num_scheduled_tokens == {"parked": 15 - 4}
+    assert new.block_ids[0] == head and "parked" not in s.session_holds
+
+
+def test_a_hold_that_loses_every_block_is_released_and_its_next_turn_looks_up_the_prefix_cache():
+    s, _, ex = build(num_blocks=9)  # 8 usable blocks of 4 tokens
+    s.add_request(session(s, "parked", list(range(10, 20))))  # 12 tokens: 3 blocks
+    run_turn(s, ex, "parked")
+    s.add_request(session(s, "big", list(range(30, 50)), max_tokens=12, resumable=False))  # needs 8 blocks
+    run_turn(s, ex, "big")
+    assert s.num_preemptions_total == 0
     assert "parked" not in s.session_holds and s.requests["parked"].num_computed_tokens == 0
-    assert s.session_holds.num_released_for_memory == 1
+    assert s.session_holds.num_blocks_released_for_memory == 3
+    step(s, ex)
+    s.add_session_chunk(session(s, "parked", [7, 8, 9], chunk=True))
+    queries = s.kv_cache_manager.prefix_cache_stats.queries
+    so = s.schedule()
+    assert so.scheduled_new_reqs[0].num_computed_tokens == 0  # "big" reused every block
+    assert s.kv_cache_manager.prefix_cache_stats.queries == queries + 15  # but the turn did look
+
+
+def test_with_nothing_running_the_waiting_head_takes_only_the_blocks_it_lacks_from_a_hold():
+    s, _, ex = build(num_blocks=9)  # 8 usable blocks of 4 tokens
+    s.add_request(session(s, "a", list(range(10, 22)), max_tokens=5))  # 16 tokens: 4 blocks, held
+    run_turn(s, ex, "a")
+    s.add_request(session(s, "new", list(range(30, 47)), resumable=False))  # 17 tokens: 5 blocks, 4 free
+    so, _ = step(s, ex)
+    assert set(so.num_scheduled_tokens) == {"new"}
+    assert len(s.kv_cache_manager.get_block_ids("a")) == 3 and s.requests["a"].num_computed_tokens == 12
+    assert s.session_holds.num_blocks_released_for_memory == 1
+
+
+def test_a_queued_session_at_the_head_never_trims_its_own_hold():
+    s, _, ex = build(num_blocks=9)  # 8 usable blocks of 4 tokens
+    s.add_request(session(s, "a", list(range(10, 30)), max_tokens=4))  # 24 tokens: 6 blocks, held
+    run_turn(s, ex, "a")
+    blocks = s.kv_cache_manager.get_block_ids("a")
+    s.add_session_chunk(session(s, "a", list(range(40, 52)), chunk=True))  # 36 tokens: 9 blocks, never fit
+    so, _ = step(s, ex)
+    assert not so.num_scheduled_tokens and s.session_holds.num_blocks_released_for_memory == 0
+    assert s.requests.get("a") is None or s.requests["a"].is_finished()  # failed: it can never fit
+    assert blocks and s.kv_cache_manager.usage == 0.0
 
 
 def test_chunks_queue_behind_a_running_turn_and_the_end_of_input_finishes_it():
@@ -134,6 +183,14 @@ def test_continuum_holds_a_session_for_the_estimators_ttl_of_its_tool():
     assert s.session_holds._held["u"][0] == clock.now + 60.0
 
 
+def test_continuum_holds_a_long_tools_session_for_the_idle_timeout_instead_of_releasing_it():
+    estimator = ConstTTL(ttl=0.0)  # the estimator would not pin: the tool is expected to take long
+    s, _, ex = build(cls=ContinuumScheduler, estimator=estimator, tool_parser=None)
+    s.add_request(session(s, "t", list(range(10, 20)), this_func_call="train"))
+    run_turn(s, ex, "t")
+    assert s.session_holds._held["t"][0] == 60.0 and s.requests["t"].num_computed_tokens == 11
+
+
 def test_a_blocked_new_request_lets_a_queued_session_holding_its_blocks_go_first():
     s, _, ex = build(num_blocks=9)  # 8 usable blocks of 4 tokens
     s.add_request(session(s, "a", list(range(10, 20))))  # 12 tokens with its outputs: 3 blocks, held
@@ -146,4 +203,17 @@ def test_a_blocked_new_request_lets_a_queued_session_holding_its_blocks_go_first
     so, _ = step(s, ex)
     assert set(so.num_scheduled_tokens) == {"new", "a"}  # "filler" was set aside for the session behind it
     assert [r.request_id for r in s.waiting] == ["filler"]
-    assert s.session_holds.num_released_for_memory == 0
+    assert s.session_holds.num_blocks_released_for_memory == 0
+
+
+def test_session_holds_name_the_soonest_other_hold_and_forget_admitted_turns():
+    s, _, _ = build()
+    holds = s.session_holds
+    a, b = session(s, "a", [1]), session(s, "b", [2])
+    holds.hold(a, 5.0)
+    holds.hold(b, 2.0)
+    assert holds.soonest() is b and holds.soonest(other_than="b") is a and "b" in holds
+    for _ in range(100):  # each turn queued then admitted leaves a heap entry that never expires
+        holds.hold(b, float("inf"))
+        holds.discard("b")
+    assert len(holds._heap) <= 2 * len(holds) + 16 and holds.pop_soonest() is a and not holds

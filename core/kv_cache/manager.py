@@ -80,8 +80,8 @@ class KVCacheManager:
     the null block), with prefix caching when ``enable_caching``.
 
     Promises: ``allocate_slots`` either succeeds completely or returns ``None`` having changed nothing (apart
-    from releasing blocks outside a sliding window); a request's block list is append-only until ``free``;
-    ``free`` is idempotent.
+    from releasing blocks outside a sliding window); a request's block list is append-only until ``free`` or
+    ``free_tail``; ``free`` is idempotent.
     """
 
     def __init__(
@@ -177,12 +177,7 @@ class KVCacheManager:
         request_id = request.request_id
         total_computed = min(request.num_computed_tokens + num_new_computed_tokens, self.max_model_len)
         num_tokens_need_slot = min(total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-
-        # Blocks leaving a sliding window make room, but are only released once the allocation is sure to fit:
-        # a refused allocation changes nothing.
-        num_to_allocate = self.manager.get_num_blocks_to_allocate(request_id, num_tokens_need_slot, hit_blocks)
-        num_freed = self.manager.num_freed_by_skipping(request_id, total_computed)
-        if num_to_allocate > self.block_pool.get_num_free_blocks() + num_freed:
+        if self._num_short(request_id, total_computed, num_tokens_need_slot, hit_blocks) > 0:
             return None
         self.manager.remove_skipped_blocks(request_id, total_computed)
 
@@ -197,6 +192,30 @@ class KVCacheManager:
         if self.enable_caching and not delay_cache_blocks:
             self.manager.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
         return KVCacheBlocks(new_blocks) if new_blocks else self.empty_kv_cache_blocks
+
+    def get_num_blocks_short(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
+    ) -> int:
+        """How many blocks ``allocate_slots`` with the same arguments lacks (0: it would succeed); it changes
+        nothing."""
+        hit_blocks: Sequence[KVCacheBlock] = new_computed_blocks.blocks if new_computed_blocks else ()
+        total_computed = min(request.num_computed_tokens + num_new_computed_tokens, self.max_model_len)
+        num_tokens_need_slot = min(total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+        return self._num_short(request.request_id, total_computed, num_tokens_need_slot, hit_blocks)
+
+    def _num_short(
+        self, request_id: str, total_computed: int, num_tokens_need_slot: int, hit_blocks: Sequence[KVCacheBlock]
+    ) -> int:
+        # Blocks leaving a sliding window make room, but are only released once the allocation is sure to fit:
+        # a refused allocation changes nothing.
+        num_to_allocate = self.manager.get_num_blocks_to_allocate(request_id, num_tokens_need_slot, hit_blocks)
+        num_freed = self.manager.num_freed_by_skipping(request_id, total_computed)
+        return max(0, num_to_allocate - self.block_pool.get_num_free_blocks() - num_freed)
 
     def _record_lookup(self, request: Request, num_hit_tokens: int) -> None:
         if not self.enable_caching or request.num_computed_tokens or _skips_prefix_cache(request):
@@ -215,6 +234,12 @@ class KVCacheManager:
     def free(self, request: Request) -> None:
         """Releases the request's blocks, tail first, so its tail is evicted before its prefix. Idempotent."""
         self.manager.free(request.request_id)
+
+    def free_tail(self, request: Request, num_blocks: int) -> int:
+        """Releases the last ``num_blocks`` blocks of a request no worker holds (a session parked between turns),
+        tail first, keeping their hashes; returns how many blocks it keeps. The caller lowers the request's
+        ``num_computed_tokens`` to the kept blocks. A sliding window keeps none."""
+        return self.manager.free_tail(request.request_id, num_blocks)
 
     def evict_blocks(self, block_ids: set[int]) -> None:
         """Removes ``block_ids`` from the prefix cache (their KV is wrong: a failed load, or computed on top of

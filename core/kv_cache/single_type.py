@@ -1,7 +1,8 @@
 """Per-request block tables for one attention type: full attention, or a sliding window.
 
 A request's block list is append-only: a block, once placed at position ``i``, stays there until the request is
-freed (a sliding window may only swap blocks that fell out of the window for the null block). Prefix-cache hits
+freed or its tail is cut off (``free_tail``, for a request no worker holds); a sliding window may also swap blocks
+that fell out of the window for the null block. Prefix-cache hits
 are attached only when a request is first scheduled; afterwards its own blocks are cached as they fill.
 """
 
@@ -105,6 +106,20 @@ class FullAttentionManager:
             self.block_pool.free_blocks(reversed(blocks))
         self.num_cached_block.pop(request_id, None)
 
+    def free_tail(self, request_id: str, num_blocks: int) -> int:
+        """Releases the request's last ``num_blocks`` blocks (all of them when it has no more), tail first; returns
+        how many it keeps. The kept blocks are a prefix whose KV stays valid."""
+        blocks = self.req_to_blocks.get(request_id)
+        num_kept = max(0, len(blocks) - num_blocks) if blocks else 0
+        if not blocks or num_kept == 0:
+            self.free(request_id)
+            return 0
+        self.block_pool.free_blocks(reversed(blocks[num_kept:]))
+        del blocks[num_kept:]
+        if self.num_cached_block.get(request_id, 0) > num_kept:
+            self.num_cached_block[request_id] = num_kept
+        return num_kept
+
 
 class SlidingWindowManager(FullAttentionManager):
     """Block tables for sliding-window attention over ``sliding_window`` tokens.
@@ -169,6 +184,12 @@ class SlidingWindowManager(FullAttentionManager):
         for i in indices:
             blocks[i] = self.block_pool.null_block
         self.block_pool.free_blocks(removed)
+
+    def free_tail(self, request_id: str, num_blocks: int) -> int:
+        """Releases all the request's blocks: the front of a kept prefix may have left the window (null blocks),
+        so no prefix is sure to keep the window its end needs."""
+        self.free(request_id)
+        return 0
 
     def num_freed_by_skipping(self, request_id: str, num_computed_tokens: int) -> int:
         """Blocks that leaving the window would return to the free queue: those this request alone holds."""

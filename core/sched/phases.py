@@ -110,8 +110,8 @@ def allocate_or_preempt(
         )
         if new_blocks is not None:
             return new_blocks, req_index
-        if release_for_memory(scheduler):
-            continue  # a parked session's blocks were released: retry
+        if scheduler.session_holds and _release_held_blocks(scheduler, request, num_new):
+            continue  # a parked session's tail blocks were released: retry
         hook = "on_running_allocation_failed"
         try:
             if scheduler.on_running_allocation_failed(request):
@@ -136,6 +136,13 @@ def allocate_or_preempt(
         scheduler._preempt_request(victim, step.now)
         if victim is request:
             return None, req_index
+
+
+def _release_held_blocks(scheduler: Scheduler, request: Request, num_new: int) -> bool:
+    """Held sessions give up the blocks the running ``request`` lacks for ``num_new`` tokens; whether one did."""
+    kv = scheduler.kv_cache_manager
+    num_short = kv.get_num_blocks_short(request, num_new, num_lookahead_tokens=scheduler.num_lookahead_tokens)
+    return release_for_memory(scheduler, num_short, request.request_id)
 
 
 def admit_waiting(scheduler: Scheduler, step: StepState) -> None:
@@ -214,7 +221,9 @@ def _admit_waiting(scheduler: Scheduler, step: StepState, skipped: list[Request]
         )
         if new_blocks is not None:
             _place_allocated(scheduler, request, num_new, num_hit, num_external, load_async, step, skipped)
-        elif not _retry_blocked_head(scheduler, request, num_computed + num_new, skipped):
+            continue
+        num_short = kv.get_num_blocks_short(request, num_external + num_new, num_hit, hit_blocks, lookahead)
+        if not _retry_blocked_head(scheduler, request, num_computed + num_new, num_short, skipped):
             break  # out of blocks: no preemption to admit
 
 
@@ -267,18 +276,21 @@ def _place_allocated(
         kv_transfer.unverified.append(request)
 
 
-def _retry_blocked_head(scheduler: Scheduler, request: Request, num_needed: int, skipped: list[Request]) -> bool:
-    """The head of the waiting queue cannot get blocks for ``num_needed`` tokens. Held sessions keep their blocks
-    while requests run (they will free blocks); with none running, the hold that expires first gives way. True when
-    admission goes on with the (possibly new) head: a hold, the policy or the KV connector released blocks, or the
-    request can never fit and was failed (as it was when ``on_admission_blocked`` raised); False when admission
-    stops for this step. A head that holds no blocks is set aside for this step while sessions holding theirs wait
-    behind it: they need only their new tokens' blocks, and each one admitted is a program going on."""
+def _retry_blocked_head(
+    scheduler: Scheduler, request: Request, num_needed: int, num_short: int, skipped: list[Request]
+) -> bool:
+    """The head of the waiting queue cannot get blocks for ``num_needed`` tokens (``num_short`` blocks are
+    missing). Held sessions keep their blocks while requests run (they will free blocks); with none running, the
+    hold that expires first gives up its tail blocks. True when admission goes on with the (possibly new) head: a
+    hold, the policy or the KV connector released blocks, or the request can never fit and was failed (as it was
+    when ``on_admission_blocked`` raised); False when admission stops for this step. A head that holds no blocks
+    is set aside for this step while sessions holding theirs wait behind it: they need only their new tokens'
+    blocks, and each one admitted is a program going on."""
     holds = scheduler.session_holds
     if holds and not holds.is_queued(request.request_id) and holds.num_queued:
         skipped.append(scheduler.waiting.pop_request())
         return True
-    if not scheduler.running and release_for_memory(scheduler):
+    if not scheduler.running and release_for_memory(scheduler, num_short, request.request_id):
         return True  # nothing runs that would free blocks: a held session gives way
     try:
         released = scheduler.on_admission_blocked(request)

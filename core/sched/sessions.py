@@ -7,10 +7,12 @@ in ``schedule``), like ``phases`` and ``updates``. A session is one ``Request`` 
   The workers are told to drop it (``finished_req_ids``; the clients are not), and it either resumes at once with
   a chunk that arrived meanwhile, or **parks**: ``WAITING_FOR_STREAMING_REQ``, in no queue, holding its blocks.
 - **Holding is a pin** whose length the policy decides (``Scheduler.session_hold_seconds``). Held blocks are
-  released when the hold expires (top of ``schedule()``), when the waiting head or a running request cannot get
-  blocks (the hold that expires first goes first, before the policy releases anything of its own or preempts), and
-  by ``reset_prefix_cache``. A released session's blocks return to the pool with their hashes, so its next turn
-  recomputes only what the prefix cache lost.
+  released when the hold expires (top of ``schedule()``) and by ``reset_prefix_cache``. When a running request (or
+  the waiting head, with nothing running) cannot get blocks, holds give way **block by block from the tail**
+  before the policy releases anything of its own or preempts: the hold that expires first gives up just the blocks
+  missing, keeping the head of its history (a session with no block left is released). A released session's
+  blocks return to the pool with their hashes, so its next turn recomputes only what the prefix cache lost; a
+  trimmed one recomputes only its cut tail.
 - **The next chunk** appends its tokens to everything so far (the last sampled token included) and queues the
   session as a new arrival; with its blocks held, only the new tokens are prefilled. While it waits for admission
   its blocks stay releasable (a hold with no expiry), so queued sessions never hold what the queue's head needs.
@@ -43,20 +45,27 @@ class SessionHolds:
     """Parked sessions whose KV blocks are held, each until its expiry (scheduler clock).
 
     Promises: a session is held at most once; ``pop_expired`` and ``pop_soonest`` hand out sessions in expiry
-    order (then parking order) and forget them.
+    order (then holding order) and forget them; ``soonest`` names the next one without forgetting it.
     """
 
     def __init__(self) -> None:
         self._held: dict[str, tuple[float, int, Request]] = {}
-        self._heap: list[tuple[float, int, str]] = []
+        self._heap: list[tuple[float, int, str]] = []  # may keep entries of forgotten holds, see _compact
         self._seq = itertools.count()
-        self.num_released_for_memory = 0  # holds given up because another request needed blocks
+        self.num_blocks_released_for_memory = 0  # held blocks given up because another request needed blocks
 
     def hold(self, request: Request, expiry: float) -> None:
         """Holds ``request``'s blocks until ``expiry``; ``math.inf``: a session queued for its next turn."""
         seq = next(self._seq)
         self._held[request.request_id] = (expiry, seq, request)
         heapq.heappush(self._heap, (expiry, seq, request.request_id))
+        if len(self._heap) > 2 * len(self._held) + 16:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drops the heap entries of forgotten holds (each admitted turn leaves one, never expiring)."""
+        self._heap = [(expiry, seq, request_id) for request_id, (expiry, seq, _) in self._held.items()]
+        heapq.heapify(self._heap)
 
     def discard(self, request_id: str) -> bool:
         """Forgets the hold of ``request_id`` (the blocks stay where they are); whether there was one."""
@@ -72,16 +81,19 @@ class SessionHolds:
         """Sessions queued for their next turn with their blocks held."""
         return sum(1 for entry in self._held.values() if entry[0] == math.inf)
 
+    def soonest(self, other_than: str | None = None) -> Request | None:
+        """The held session whose hold expires first (then the one held first), other than ``other_than``; it
+        stays held. ``None`` when there is none."""
+        entries = (entry for request_id, entry in self._held.items() if request_id != other_than)
+        entry = min(entries, key=lambda e: (e[0], e[1]), default=None)
+        return entry[2] if entry is not None else None
+
     def pop_soonest(self) -> Request | None:
         """The held session whose hold expires first, no longer held; ``None`` when none is."""
-        heap = self._heap
-        while heap:
-            _, seq, request_id = heapq.heappop(heap)
-            entry = self._held.get(request_id)
-            if entry is not None and entry[1] == seq:
-                del self._held[request_id]
-                return entry[2]
-        return None
+        request = self.soonest()
+        if request is not None:
+            del self._held[request.request_id]
+        return request
 
     def pop_expired(self, now: float) -> list[Request]:
         """The held sessions whose hold expired by ``now``, no longer held."""
@@ -174,21 +186,35 @@ def release_expired(scheduler: Scheduler) -> None:
         release(scheduler, request)
 
 
-def release_for_memory(scheduler: Scheduler) -> bool:
-    """Releases the held session whose hold expires first, because a request needs blocks; whether there was one."""
+def release_for_memory(scheduler: Scheduler, num_blocks: int, other_than: str | None = None) -> bool:
+    """Frees up to ``num_blocks`` blocks that a request (``other_than``, when it is a held session itself) lacks:
+    the tail of the held session whose hold expires first, which keeps the head of its history and is released
+    when no block is left. Whether a hold gave way (a block shared with another request frees no memory: call
+    again while blocks are missing).
+
+    Only the missing blocks go: a whole released session would feed its blocks to new requests, and its next turn
+    would recompute it all once they are evicted, which under memory pressure is what happens to most of them.
+    """
     holds = scheduler.session_holds
-    request = holds.pop_soonest()
+    request = holds.soonest(other_than)
     if request is None:
         return False
-    holds.num_released_for_memory += 1
-    release(scheduler, request)
+    kv = scheduler.kv_cache_manager
+    num_held = len(kv.get_block_ids(request.request_id))
+    num_kept = kv.free_tail(request, max(1, num_blocks))
+    holds.num_blocks_released_for_memory += num_held - num_kept
+    if num_kept == 0:
+        holds.discard(request.request_id)
+        release(scheduler, request)
+    else:
+        request.num_computed_tokens = min(request.num_computed_tokens, num_kept * kv.block_size)
     return True
 
 
 def release_all(scheduler: Scheduler) -> None:
     """Releases every held session (``reset_prefix_cache``)."""
-    while release_for_memory(scheduler):
-        pass
+    while (request := scheduler.session_holds.pop_soonest()) is not None:
+        release(scheduler, request)
 
 
 def resume(scheduler: Scheduler, session: Request, update: StreamingUpdate) -> None:
