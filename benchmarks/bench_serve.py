@@ -6,7 +6,8 @@ client), the server once per ``--stream-intervals`` value (vLLM's ``--stream-int
 tokens); output tokens/s of each, and their ratios to in-process.
 
 ``peer``: ``vllite serve`` against vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server`` run by
-``--vllm-python``) on the same model and load: throughput and TTFT / TPOT percentiles of both.
+``--vllm-python``) on the same model and load: throughput and TTFT / TPOT percentiles of both, measured by
+``vllite bench serve``'s client or (``--client vllm``) by vLLM's own ``vllm bench serve``.
 
 ``disagg``: prefill/decode disaggregation against one colocated engine on the same cores and load (long prompts,
 short outputs, arriving at ``--request-rate``): a ``p2p`` kv_producer and a kv_consumer ``vllite serve``, each on
@@ -15,6 +16,7 @@ of them. Throughput, TTFT and TPOT percentiles of both.
 
     python benchmarks/bench_serve.py overhead --rounds 3 --stream-intervals 1,8
     python benchmarks/bench_serve.py peer --vllm-python /tmp/vllm-venv/bin/python --rounds 3
+    python benchmarks/bench_serve.py peer --vllm-python /tmp/vllm-venv/bin/python --client vllm --num-prompts 256
     python benchmarks/bench_serve.py disagg --model MODEL --input-len 512 --output-len 64 --range-ratio 0.5 \
         --request-rate 2 --num-prompts 48 --rounds 3
 """
@@ -48,6 +50,7 @@ def load_config(args: argparse.Namespace, base_url: str, model: str | None = Non
         random_range_ratio=args.range_ratio,
         vocab_size=args.vocab_size,
         seed=args.seed,
+        max_concurrency=args.max_concurrency,
     )
 
 
@@ -140,14 +143,38 @@ def _start_vllm(args: argparse.Namespace, port: int):
     raise RuntimeError("vLLM's server did not start in 600 s")
 
 
+def vllm_client(args: argparse.Namespace, url: str, name: str, round_index: int) -> dict:
+    """One run of vLLM's own ``vllm bench serve`` client (random dataset) against ``url``; its saved JSON."""
+    import subprocess
+
+    from vllite.assets import default_model_path
+
+    filename = f"vllm-client-{name}-{round_index}.json"
+    command = [args.vllm_python, str(Path(__file__).with_name("vllm_bench_client.py")), "--backend", "vllm",
+               "--base-url", url, "--tokenizer", args.model or str(default_model_path()), "--dataset-name", "random",
+               "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
+               "--random-range-ratio", str(args.range_ratio), "--num-prompts", str(args.num_prompts),
+               "--max-concurrency", str(args.max_concurrency), "--request-rate", str(args.request_rate),
+               "--ignore-eos", "--seed", str(args.seed), "--disable-tqdm", "--save-result",
+               "--result-dir", str(Path(args.output_dir).resolve()), "--result-filename", filename]  # fmt: skip
+    # From outside the checkout: vLLM would otherwise import its kernels/ folder as the ``kernels`` package.
+    subprocess.run(command, check=True, cwd="/", stdout=subprocess.DEVNULL)
+    figures = json.loads((Path(args.output_dir) / filename).read_text())
+    figures["failed"] = figures.get("failed", figures["num_prompts"] - figures["completed"])
+    return figures
+
+
 def peer(args: argparse.Namespace) -> dict:
     rows: dict[str, list[dict]] = {"vllite": [], "vllm": []}
     vllm = _start_vllm(args, args.vllm_port)
     try:
         with RemoteServer([*engine_flags(args), "--uvicorn-log-level", "warning"]) as server:
-            for _ in range(args.rounds):
+            for round_index in range(args.rounds):
                 for name, url in (("vllite", server.url), ("vllm", f"http://127.0.0.1:{args.vllm_port}")):
-                    figures = bench_serve(load_config(args, url), log=lambda _: None)
+                    if args.client == "vllm":
+                        figures = vllm_client(args, url, name, round_index)
+                    else:
+                        figures = bench_serve(load_config(args, url), log=lambda _: None)
                     rows[name].append(figures)
                     print(
                         f"{name}: {figures['output_throughput']:.1f} tok/s, TTFT p50 {figures['median_ttft_ms']:.0f} "
@@ -228,6 +255,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vllm-python", default=None, help="peer: the python that has vLLM installed.")
     parser.add_argument("--vllm-port", type=int, default=8765)
+    parser.add_argument(
+        "--client",
+        choices=["vllite", "vllm"],
+        default="vllite",
+        help="peer: the load generator, `vllite bench serve`'s or vLLM's own `vllm bench serve` (needs --vllm-python).",
+    )
+    parser.add_argument("--max-concurrency", type=int, default=64, help="Requests in flight at most.")
     parser.add_argument("--output-dir", default="bench-results/serve")
     args = parser.parse_args()
     args.vocab_size = args.vocab_size or demo_vocab_size()
