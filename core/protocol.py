@@ -163,6 +163,9 @@ class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     # Of ``num_waiting_reqs``, those deferred by a transient constraint (a KV load or a grammar compiling) rather
     # than waiting for capacity (vLLM's ``num_requests_waiting_by_reason``).
     num_skipped_waiting_reqs: int = 0
+    # The KV connector's lookups of admitted requests (tokens asked for, tokens it had), with a connector only.
+    external_prefix_cache_queries: int = 0
+    external_prefix_cache_hits: int = 0
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

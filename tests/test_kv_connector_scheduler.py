@@ -31,13 +31,14 @@ def make(
     *,
     num_blocks: int = 64,
     policy: str = "fail",
+    log_stats: bool = False,
     **extra: Any,
 ) -> tuple[Scheduler, MockKVConnector, ConnectorModelRunner]:
     kv_config = KVTransferConfig(
         kv_connector=MOCK_CONNECTOR, kv_connector_extra_config=extra, kv_load_failure_policy=policy
     )
     config = dataclasses.replace(make_config(block_size=BS), kv_transfer_config=kv_config)
-    s = cls(config, num_blocks, step_observer=None)
+    s = cls(config, num_blocks, step_observer=None, log_stats=log_stats)
     assert isinstance(s.connector, MockKVConnector) and s.get_kv_connector() is s.connector
     worker = MockKVConnector(config, KVConnectorRole.WORKER, kv_config)
     return s, s.connector, ConnectorModelRunner(worker)
@@ -131,6 +132,36 @@ def test_external_after_local_prefix_hit() -> None:
     assert load.block_ids == [so.scheduled_new_reqs[0].block_ids[2]] and load.num_tokens == 4
     drain(s, runner)
     assert all_free(s)
+
+
+@pytest.mark.parametrize("is_async", [False, True])
+def test_stats_count_each_admitted_lookup_once(is_async: bool) -> None:
+    """vLLM's external prefix cache queries / hits: per admitted request, its tokens and what the connector had;
+    a lookup deferred by the connector, or a load parked until it lands, is not counted twice."""
+    s, conn, runner = make(log_stats=True, matched_tokens=6, is_async=is_async, load_steps=2)
+    conn.overrides["miss"] = {"matched_tokens": 0}
+    conn.overrides["later"] = {"matched_tokens": 6, "num_defers": 2}
+    s.add_request(make_request(s, "hit", list(range(12)), max_tokens=2))
+    s.add_request(make_request(s, "miss", list(range(20, 30)), max_tokens=2))
+    s.add_request(make_request(s, "later", list(range(40, 49)), max_tokens=2))
+    queries = hits = 0
+    for _ in range(12):
+        _, outputs = step(s, runner)
+        for eco in outputs.values():
+            if eco.scheduler_stats is not None:
+                queries += eco.scheduler_stats.external_prefix_cache_queries
+                hits += eco.scheduler_stats.external_prefix_cache_hits
+    assert (queries, hits) == (12 + 10 + 9, 6 + 0 + 6)
+    drain(s, runner)
+    assert all_free(s)
+
+
+def test_no_connector_no_external_stats() -> None:
+    s = Scheduler(make_config(block_size=BS), 16, step_observer=None, log_stats=True)
+    s.add_request(make_request(s, "r", list(range(12)), max_tokens=1))
+    s.schedule()
+    stats = s.make_stats()
+    assert stats is not None and stats.external_prefix_cache_queries == stats.external_prefix_cache_hits == 0
 
 
 # ---------------------------------------------------------------------------- async loads

@@ -132,3 +132,44 @@ def test_exposition_after_real_requests():
         assert 0 < value(v, "vllite:request_inference_time_seconds_sum") < e2e_sum
     finally:
         llm.shutdown()
+
+
+def test_external_prefix_cache_counters_with_a_kv_connector(tmp_path):
+    """``external_prefix_cache_queries`` / ``_hits`` (vLLM's names) count the KV connector's lookups: a fresh engine
+    on the directory another one filled finds the prompt's full blocks there."""
+    import json
+
+    from vllite.plugins.engine_proc.async_llm import AsyncLLM
+
+    ensure_engine_proc_plugin()
+    kv = {"kv_connector": "shared-storage", "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)}}
+    counts = []
+    for _ in range(2):  # the second engine starts with an empty local prefix cache
+        llm = AsyncLLM(
+            str(make_tiny_model_dir_cached("llama")),
+            dtype="float32",
+            max_model_len=128,
+            kv_transfer_config=json.dumps(kv),
+            stat_loggers=[lambda info: PrometheusStatLogger("tiny", info)],
+        )
+        try:
+            block_size = llm.engine_info.block_size
+            prompt = list(range(5, 5 + 2 * block_size + 3))
+
+            asyncio.run(_drain(llm, prompt))
+            v = samples(llm.stat_loggers[0])
+            counts.append(
+                (
+                    value(v, "vllite:external_prefix_cache_queries_total"),
+                    value(v, "vllite:external_prefix_cache_hits_total"),
+                )
+            )
+        finally:
+            llm.shutdown()
+    assert counts == [(len(prompt), 0), (len(prompt), 2 * block_size)]
+
+
+async def _drain(llm, prompt: list[int]) -> None:
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    async for _ in llm.generate({"prompt_token_ids": prompt}, params, "r"):
+        pass

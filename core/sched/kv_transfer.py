@@ -22,6 +22,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from vllite.exceptions import KVLoadError, PluginHookError
+from vllite.kv_cache.manager import PrefixCacheStats
 from vllite.kv_connector.base import KVConnectorRole
 from vllite.request import Request, RequestStatus
 
@@ -58,6 +59,8 @@ class KVTransferState:
         self.held: dict[str, tuple[Request, set[str]]] = {}
         # Admitted with a synchronous load this step: their blocks are cached once no load failure is reported.
         self.unverified: list[Request] = []
+        # Lookups of admitted requests since the last stats (vLLM's external prefix cache queries and hits).
+        self.lookup_stats = PrefixCacheStats()
         self._shut_down = False
 
     def shutdown(self) -> None:
@@ -75,6 +78,15 @@ class KVTransferState:
             return None
         num_external = max(0, min(int(num_external), request.num_tokens - 1 - num_computed))
         return num_external, bool(load_async) and num_external > 0
+
+    def record_lookup(self, request: Request, num_external: int) -> None:
+        """Counts the lookup of an admitted request: its tokens queried, ``num_external`` of them found."""
+        self.lookup_stats.record(request.num_tokens, num_external)
+
+    def take_lookup_stats(self) -> PrefixCacheStats:
+        """The lookups counted since the previous call."""
+        stats, self.lookup_stats = self.lookup_stats, PrefixCacheStats()
+        return stats
 
     def park(self, request: Request, num_computed_when_loaded: int) -> None:
         """An asynchronous load was set up for ``request`` (its blocks are allocated): it waits for the worker."""

@@ -266,6 +266,8 @@ def _place_allocated(
         return
     if not _after_alloc(scheduler, request, num_external):
         return
+    if request.num_computed_tokens == 0:  # the connector was asked this step (not a load that has landed)
+        kv_transfer.record_lookup(request, num_external)
     if load_async:
         scheduler.waiting.pop_request()
         kv_transfer.park(request, request.num_computed_tokens + num_hit + num_external)

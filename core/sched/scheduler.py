@@ -421,11 +421,12 @@ class Scheduler(SchedulerInterface):
         return ok
 
     def make_stats(self) -> SchedulerStats | None:
-        """Running / waiting counts, KV usage, prefix-cache queries and hits and preemptions since the previous
-        call; ``None`` unless stats are on."""
+        """Running / waiting counts, KV usage, prefix-cache (and KV connector) queries and hits and preemptions since
+        the previous call; ``None`` unless stats are on."""
         if not self.log_stats:
             return None
         prefix = self.kv_cache_manager.make_prefix_cache_stats()
+        external = self.kv_transfer.take_lookup_stats() if self.kv_transfer is not None else None
         num_preemptions, self._num_preemptions_since_stats = self._num_preemptions_since_stats, 0
         return SchedulerStats(
             num_running_reqs=len(self.running),
@@ -437,6 +438,8 @@ class Scheduler(SchedulerInterface):
             step_counter=self.step_counter,
             spec_decoding_stats=self.spec_decoding.take_stats() if self.spec_decoding is not None else None,
             num_skipped_waiting_reqs=sum(1 for r in self.waiting if RequestStatus.is_blocked_waiting(r.status)),
+            external_prefix_cache_queries=external.queries if external else 0,
+            external_prefix_cache_hits=external.hits if external else 0,
         )
 
     def shutdown(self) -> None:

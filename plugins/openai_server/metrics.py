@@ -104,6 +104,16 @@ class PrometheusStatLogger:
             "prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."
         )
         self._prefix_hits = counter("prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
+        self._external_prefix_queries = counter(
+            "external_prefix_cache_queries",
+            "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of "
+            "queried tokens.",
+        )
+        self._external_prefix_hits = counter(
+            "external_prefix_cache_hits",
+            "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of "
+            "cached tokens.",
+        )
         self._preemptions = counter("num_preemptions", "Cumulative number of preemption from the engine.")
         self._prompt_tokens = counter("prompt_tokens", "Number of prefill tokens processed.")
         self._prompt_tokens_by_source = counter(
@@ -283,6 +293,8 @@ class _EngineMetrics:
         self.kv_usage = p._gauge_kv_usage.labels(*labels)
         self.prefix_queries = p._prefix_queries.labels(*labels)
         self.prefix_hits = p._prefix_hits.labels(*labels)
+        self.external_prefix_queries = p._external_prefix_queries.labels(*labels)
+        self.external_prefix_hits = p._external_prefix_hits.labels(*labels)
         self.preemptions = p._preemptions.labels(*labels)
         self.prompt_tokens = p._prompt_tokens.labels(*labels)
         self.prompt_tokens_by_source = {
@@ -326,6 +338,8 @@ class _EngineMetrics:
         self.kv_usage.set(stats.kv_cache_usage)
         self.prefix_queries.inc(stats.prefix_cache_queries)
         self.prefix_hits.inc(stats.prefix_cache_hits)
+        self.external_prefix_queries.inc(stats.external_prefix_cache_queries)
+        self.external_prefix_hits.inc(stats.external_prefix_cache_hits)
         self.preemptions.inc(stats.num_preemptions)
         if stats.spec_decoding_stats is not None:
             self.record_spec_decoding(stats.spec_decoding_stats)
