@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 DTYPES = ("auto", "float32", "bfloat16", "float16", "half", "float")  # half, float: vLLM's float16, float32
 HASH_ALGOS = ("sha256", "fast")
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's; fp8 = fp8_e4m3 (vllite.kernels.kv_cache_dtype)
 DP_ROUTINGS = ("load", "prefix")
 # Token budget per step when the user gives none (vLLM's default with chunked prefill).
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
@@ -368,6 +369,14 @@ class EngineArgs:
         metadata=_help("Block hash: sha256 (collision-resistant) or fast.", choices=HASH_ALGOS),
     )
     num_gpu_blocks_override: int | None = field(default=None, metadata=_help("Use exactly this many KV blocks."))
+    kv_cache_dtype: str = field(
+        default="auto",
+        metadata=_help(
+            "KV-cache element type: auto (the model's dtype), or fp8 (= fp8_e4m3) / fp8_e5m2 with scale 1.0 "
+            "(CPU only; 4x the blocks of float32 in the same space).",
+            choices=KV_CACHE_DTYPES,
+        ),
+    )
     gpu_memory_utilization: float | None = field(
         default=None, metadata=_help("Fraction of GPU memory for the engine (default 0.9; CUDA only).")
     )
@@ -544,6 +553,7 @@ class EngineArgs:
                 gpu_memory_utilization=0.9 if self.gpu_memory_utilization is None else self.gpu_memory_utilization,
                 gpu_memory_utilization_given=self.gpu_memory_utilization is not None,
                 cpu_kvcache_space_gib=cpu_space,
+                kv_cache_dtype=self.kv_cache_dtype,
             ),
             scheduler_config=self._scheduler_config(),
             device_config=DeviceConfig(device=self.device),
@@ -674,6 +684,16 @@ class EngineArgs:
             raise ValueError(
                 "dp_retry cannot be combined with dp_lockstep: lockstep engines share one collective, so a dead "
                 "engine stops them all and there is no live engine to continue on."
+            )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"--kv-cache-dtype (kv_cache_dtype) must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                f"got {self.kv_cache_dtype!r}."
+            )
+        if self.kv_cache_dtype != "auto" and (self.kv_transfer_config is not None or self.kv_offload_size):
+            raise ValueError(
+                f"--kv-cache-dtype {self.kv_cache_dtype} cannot be combined with a KV connector "
+                "(--kv-transfer-config / --kv-offload-size): the connectors copy float KV blocks, not fp8 ones."
             )
         if self.dp_routing not in DP_ROUTINGS:
             raise ValueError(f"dp_routing must be one of {', '.join(DP_ROUTINGS)}, got {self.dp_routing!r}.")

@@ -2,7 +2,8 @@
 
 Public entry points (see :mod:`vllite.kernels.reference` for the full contract):
 
-* ``reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, *, plan=None) -> None``
+* ``reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, *, plan=None, k_scale=1.0, v_scale=1.0)
+  -> None``
 * ``paged_attention(query, key_cache, value_cache, params, *, out=None) -> Tensor``, where ``params`` is a
   :class:`~vllite.kernels.params.PagedAttentionParams`: the step's ``block_tables``, ``seq_lens``,
   ``query_start_loc``, ``max_query_len`` and ``max_seq_len``, the layer's ``scale``, ``sliding_window`` and
@@ -13,7 +14,10 @@ Public entry points (see :mod:`vllite.kernels.reference` for the full contract):
   each sequence of a packed batch, without a cache (bidirectional for encoder models); see
   :mod:`vllite.kernels.varlen_attention`.
 
-Cache layout per layer: ``[num_blocks, block_size, num_kv_heads, head_dim]`` for keys and for values.
+Cache layout per layer: ``[num_blocks, block_size, num_kv_heads, head_dim]`` for keys and for values. The cache may
+be fp8 (``--kv-cache-dtype fp8``, :mod:`vllite.kernels.kv_cache_dtype`) on the CPU paths, with the layer's
+``k_scale`` / ``v_scale`` given to the write and carried by ``PagedAttentionParams``; the Triton kernels do not
+read fp8.
 CPU tensors take :mod:`vllite.kernels.cpu_attention` (cost follows each sequence's own context length);
 ``VLLITE_CPU_ATTENTION=reference`` selects the torch reference (:mod:`vllite.kernels.reference`) instead, which
 is also the path of CUDA tensors when triton is unavailable or ``VLLITE_DISABLE_TRITON=1``.
@@ -120,11 +124,13 @@ def reshape_and_cache(
     slot_mapping: Tensor,
     *,
     plan: CpuAttentionPlan | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """Write ``key``/``value`` ``[num_tokens, num_kv_heads, head_dim]`` into the paged caches in place.
 
     ``slot_mapping`` ``[num_tokens]`` int64 holds ``block_id * block_size + offset`` per token; ``-1``
-    skips the token.
+    skips the token. An fp8 cache stores ``key / k_scale`` and ``value / v_scale``, saturated (CPU paths only).
     Dispatches to :func:`~vllite.kernels.triton_attention.reshape_and_cache_triton` for CUDA tensors, to
     :func:`~vllite.kernels.cpu_attention.reshape_and_cache_cpu` (with ``plan``'s prepared slots when it has them)
     for CPU tensors and to :func:`~vllite.kernels.reference.reshape_and_cache_ref` otherwise.
@@ -132,16 +138,20 @@ def reshape_and_cache(
     if use_triton(key):
         from vllite.kernels.triton_attention import reshape_and_cache_triton
 
+        if key_cache.element_size() == 1:
+            from vllite.exceptions import DeviceUnavailableError
+
+            raise DeviceUnavailableError("The Triton kernels read no fp8 KV cache: it is implemented on the CPU path.")
         reshape_and_cache_triton(key, value, key_cache, value_cache, slot_mapping)
     elif use_cpu_fast_path(key_cache):
         from vllite.kernels.cpu_attention import reshape_and_cache_cpu
 
         slots = slot_mapping if plan is None or plan.slots is None else plan.slots
-        reshape_and_cache_cpu(key, value, key_cache, value_cache, slots)
+        reshape_and_cache_cpu(key, value, key_cache, value_cache, slots, k_scale=k_scale, v_scale=v_scale)
     else:
         from vllite.kernels.reference import reshape_and_cache_ref
 
-        reshape_and_cache_ref(key, value, key_cache, value_cache, slot_mapping)
+        reshape_and_cache_ref(key, value, key_cache, value_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
 
 
 def paged_attention(

@@ -10,8 +10,11 @@ prefills use ``is_causal`` and no mask; the rest use the plan's additive mask (l
 query, sliding window). A ``softcap`` (which SDPA cannot apply) takes an explicit float32 matmul-softmax-matmul
 per bucket instead. The outputs go back to the packed token order with one ``index_select`` into ``out``.
 
-A pure decode batch (one query token per sequence, a float32 or bfloat16 cache, no window or softcap) skips all that:
-the compiled kernel of :mod:`vllite.kernels.cpu_decode` reads the cache through the block tables in place.
+A pure decode batch (one query token per sequence, a float32, bfloat16 or fp8 cache, no window or softcap) skips all
+that: the compiled kernel of :mod:`vllite.kernels.cpu_decode` reads the cache through the block tables in place.
+
+An fp8 cache (``--kv-cache-dtype fp8``, see :mod:`vllite.kernels.kv_cache_dtype`) is gathered as bytes and widened to
+the query's dtype (times ``params.k_scale`` / ``v_scale``) before SDPA; the write saturates ``value / scale`` to fp8.
 
 :func:`~vllite.kernels.reference.paged_attention_ref` is the reference this path is tested against.
 """
@@ -26,6 +29,7 @@ from torch import Tensor
 
 from vllite.kernels.cpu_decode import paged_decode_attention
 from vllite.kernels.cpu_plan import AttentionBucket, CacheSlots, CpuAttentionPlan, plan_paged_attention_cpu
+from vllite.kernels.kv_cache_dtype import dequantize_kv, is_fp8, quantize_kv
 from vllite.kernels.params import PagedAttentionParams, gqa_group
 
 __all__ = ["paged_attention_cpu", "reshape_and_cache_cpu"]
@@ -52,13 +56,21 @@ def _buffer(slot: int, numel: int, like: Tensor) -> Tensor:
 
 
 def reshape_and_cache_cpu(
-    key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor | CacheSlots
+    key: Tensor,
+    value: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    slot_mapping: Tensor | CacheSlots,
+    *,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """:func:`~vllite.kernels.reference.reshape_and_cache_ref` as one ``index_copy_`` per cache.
 
     ``slot_mapping`` may also be the step's :class:`~vllite.kernels.cpu_plan.CacheSlots` (a plan's ``slots``:
     the ``-1`` entries dropped once per step rather than per layer). Caches whose ``[num_blocks * block_size]``
-    rows are not one flat view are written through the reference.
+    rows are not one flat view are written through the reference. An fp8 cache takes ``key / k_scale`` and
+    ``value / v_scale``, saturated, written as bytes (torch has no fp8 ``index_copy_``).
     """
     slots, rows = slot_mapping if isinstance(slot_mapping, CacheSlots) else CacheSlots.of(slot_mapping)
     if rows is not None:
@@ -66,12 +78,17 @@ def reshape_and_cache_cpu(
     if not (key_cache.is_contiguous() and value_cache.is_contiguous()):
         from vllite.kernels.reference import reshape_and_cache_ref
 
-        reshape_and_cache_ref(key, value, key_cache, value_cache, slots)
+        reshape_and_cache_ref(key, value, key_cache, value_cache, slots, k_scale=k_scale, v_scale=v_scale)
         return
     num_rows = key_cache.shape[0] * key_cache.shape[1]
     flat_k, flat_v = key_cache.view(num_rows, *key_cache.shape[2:]), value_cache.view(num_rows, *value_cache.shape[2:])
-    flat_k.index_copy_(0, slots, key.to(key_cache.dtype))
-    flat_v.index_copy_(0, slots, value.to(value_cache.dtype))
+    k, v = quantize_kv(key, key_cache.dtype, k_scale), quantize_kv(value, value_cache.dtype, v_scale)
+    if is_fp8(key_cache.dtype):
+        flat_k.view(torch.uint8).index_copy_(0, slots, k.view(torch.uint8))
+        flat_v.view(torch.uint8).index_copy_(0, slots, v.view(torch.uint8))
+        return
+    flat_k.index_copy_(0, slots, k)
+    flat_v.index_copy_(0, slots, v)
 
 
 def _softcapped(
@@ -164,7 +181,17 @@ def paged_attention_cpu(
         # Pure decode (one query token per sequence): the compiled kernel reads the cache through the block
         # tables, without gathering the contexts (see vllite.kernels.cpu_decode).
         tables, lens = params.block_tables, params.seq_lens
-        result = paged_decode_attention(query, key_cache, value_cache, tables, lens, scale=params.scale, out=out)
+        result = paged_decode_attention(
+            query,
+            key_cache,
+            value_cache,
+            tables,
+            lens,
+            scale=params.scale,
+            k_scale=params.k_scale,
+            v_scale=params.v_scale,
+            out=out,
+        )
         if result is not None:
             return result
     plan = _plan(query, key_cache, params)
@@ -178,6 +205,10 @@ def paged_attention_cpu(
     values = _buffer(1, total * row, value_cache).view(total, *value_cache.shape[1:])
     torch.index_select(key_cache, 0, plan.block_index, out=keys)
     torch.index_select(value_cache, 0, plan.block_index, out=values)
+    if is_fp8(key_cache.dtype):
+        # Widen the gathered bytes once into reused buffers of the query's dtype; SDPA then runs as for that cache.
+        keys = dequantize_kv(keys, query.dtype, params.k_scale, out=_buffer(2, total * row, query).view(keys.shape))
+        values = dequantize_kv(values, query.dtype, params.v_scale, out=_buffer(3, total * row, query).view(keys.shape))
     q_rows = query if plan.query_index is None else query.index_select(0, plan.query_index)
     outs = [_attend_bucket(b, q_rows, keys, values, scale=params.scale, softcap=params.softcap) for b in plan.buckets]
     result = outs[0] if len(outs) == 1 else torch.cat(outs)

@@ -13,8 +13,11 @@ this kernel's first version (one work item per sequence x KV head, striding thro
 10.1 ms now.
 
 Built once per machine with ``torch.utils.cpp_extension.load_inline`` (the C++ compiler torch was built with;
-about a minute) into torch's extension cache, and loaded from there afterwards. The cache may be float32 or bfloat16
-(widened to float32 as it is read: a bfloat16 cache halves the bytes decode reads); when no compiler is
+about a minute) into torch's extension cache, and loaded from there afterwards. The cache may be float32, bfloat16
+or fp8 (e4m3 or e5m2, with the layer's ``k_scale`` / ``v_scale``), widened to float32 as it is read: a bfloat16
+cache halves the bytes decode reads, an fp8 one quarters them. fp8 is widened eight elements at a time through the
+F16C half-precision conversion where the CPU has AVX2 (e5m2 is the high byte of a float16; e4m3 moves into a
+float16's bit positions and is rescaled by 2^8), else through a 256-entry table per format. When no compiler is
 found or the build fails, :func:`decode_kernel` returns ``None`` (logged once) and the torch path serves decode.
 ``VLLITE_CPU_DECODE_KERNEL=0`` turns it off.
 """
@@ -36,11 +39,12 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["decode_kernel", "paged_decode_attention"]
 
-_CACHE_DTYPES = (torch.float32, torch.bfloat16)
+_CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2)
+_QUERY_DTYPES = (torch.float32, torch.bfloat16)
 _SOURCE = (pathlib.Path(__file__).parent / "cpu_decode.cpp").read_text()
 _CPP_DECL = (
     "void paged_decode(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, "
-    "torch::Tensor block_tables, torch::Tensor seq_lens, double scale);"
+    "torch::Tensor block_tables, torch::Tensor seq_lens, double scale, double k_scale, double v_scale);"
 )
 
 
@@ -105,15 +109,18 @@ def paged_decode_attention(
     seq_lens: torch.Tensor,
     *,
     scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """Decode attention (one query token per sequence, ``query [n, H, D]``) read through the block tables, or
-    ``None`` when the kernel does not apply (no kernel, a cache neither float32 nor bfloat16, non-contiguous
-    caches). Scores and sums are float32 whatever the dtype; the result has ``query``'s dtype."""
+    ``None`` when the kernel does not apply (no kernel, a cache neither float32, bfloat16 nor fp8, non-contiguous
+    caches). An fp8 cache element reads as ``element * k_scale`` (``v_scale`` for values; both ignored for other
+    cache dtypes). Scores and sums are float32 whatever the dtype; the result has ``query``'s dtype."""
     kernel = decode_kernel()
     if kernel is None or key_cache.dtype not in _CACHE_DTYPES or value_cache.dtype != key_cache.dtype:
         return None
-    if query.dtype not in _CACHE_DTYPES or not (key_cache.is_contiguous() and value_cache.is_contiguous()):
+    if query.dtype not in _QUERY_DTYPES or not (key_cache.is_contiguous() and value_cache.is_contiguous()):
         return None
     n = query.shape[0]
     usable = out is not None and out.is_contiguous() and out.dtype == torch.float32
@@ -126,6 +133,8 @@ def paged_decode_attention(
         block_tables[:n].to(torch.int32).contiguous(),
         seq_lens[:n].to(torch.int32).contiguous(),
         scale,
+        k_scale,
+        v_scale,
     )
     if out is not None and result is not out:
         out.copy_(result)

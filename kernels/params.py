@@ -38,6 +38,8 @@ class PagedAttentionParams:
         scale: multiplier of ``q @ k``, applied after the matmul (as Hugging Face eager does).
         sliding_window: when given, query position ``p`` sees keys at positions ``> p - sliding_window``.
         softcap: when given, scores become ``softcap * tanh(scores / softcap)`` (after scaling).
+        k_scale, v_scale: the layer's fp8 KV-cache scales: a cached element reads as ``element * scale`` (1.0, and
+            ignored, for float caches; see :mod:`vllite.kernels.kv_cache_dtype`).
         plan: the step's CPU plan from :func:`vllite.kernels.plan_paged_attention` for the same metadata and
             ``sliding_window`` (the CPU path builds one itself when it is ``None``); other paths ignore it.
     """
@@ -51,6 +53,8 @@ class PagedAttentionParams:
     scale: float
     sliding_window: int | None = None
     softcap: float | None = None
+    k_scale: float = 1.0
+    v_scale: float = 1.0
     plan: CpuAttentionPlan | None = None
 
     @property

@@ -19,6 +19,7 @@ import threading
 import torch
 from torch import Tensor
 
+from vllite.kernels.kv_cache_dtype import dequantize_kv, quantize_kv
 from vllite.kernels.params import PagedAttentionParams, gqa_group
 
 __all__ = ["paged_attention_ref", "reshape_and_cache_ref"]
@@ -45,12 +46,21 @@ def _gather_blocks(cache: Tensor, blocks: Tensor, slot: int) -> Tensor:
 
 
 def reshape_and_cache_ref(
-    key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor
+    key: Tensor,
+    value: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    slot_mapping: Tensor,
+    *,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """Write ``key``/``value`` rows into the paged caches in place.
 
     Args:
-        key, value: ``[num_tokens, num_kv_heads, head_dim]``; cast to the cache dtype on write.
+        key, value: ``[num_tokens, num_kv_heads, head_dim]``; cast to the cache dtype on write (an fp8 cache stores
+            ``key / k_scale`` and ``value / v_scale`` saturated to the format's range, see
+            :func:`~vllite.kernels.kv_cache_dtype.quantize_kv`).
         key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]`` (any strides).
         slot_mapping: ``[num_tokens]`` integer; ``slot = block_id * block_size + offset``. A negative slot
             (``-1``) marks a padding token whose row is skipped.
@@ -64,8 +74,8 @@ def reshape_and_cache_ref(
         slots, key, value = slots[keep], key[keep], value[keep]
     blocks = torch.div(slots, block_size, rounding_mode="floor")
     offsets = slots - blocks * block_size
-    key_cache[blocks, offsets] = key.to(key_cache.dtype)
-    value_cache[blocks, offsets] = value.to(value_cache.dtype)
+    key_cache[blocks, offsets] = quantize_kv(key, key_cache.dtype, k_scale)
+    value_cache[blocks, offsets] = quantize_kv(value, value_cache.dtype, v_scale)
 
 
 def paged_attention_ref(
@@ -82,7 +92,8 @@ def paged_attention_ref(
         out: optional ``[num_tokens, num_heads, head_dim]`` tensor to write into and return.
 
     Query token ``i`` of sequence ``s`` sits at position ``seq_lens[s] - query_len[s] + i`` and attends to
-    key positions ``<= `` its own. Scores, softmax and the weighted sum run in float32; the result has
+    key positions ``<= `` its own. An fp8 cache is read as ``element * params.k_scale`` (``v_scale`` for values).
+    Scores, softmax and the weighted sum run in float32; the result has
     ``query``'s dtype. Rows of ``query`` past ``query_start_loc[-1]`` (padding) are left zero (or as they
     were in ``out``). ``num_heads`` must be a multiple of ``num_kv_heads``.
     """
@@ -154,8 +165,10 @@ def _attend_group(
     num_ctx_blocks = min(-(-max_seq_len // block_size), block_tables.shape[1])
     blocks = block_tables[:, :num_ctx_blocks].clamp(0, num_blocks - 1).reshape(-1)  # unused entries: any id
     ctx_len = num_ctx_blocks * block_size
-    keys = _gather_blocks(key_cache, blocks, 0).view(num_seqs, ctx_len, num_kv_heads, head_dim).float()
-    values = _gather_blocks(value_cache, blocks, 1).view(num_seqs, ctx_len, num_kv_heads, head_dim).float()
+    keys = _gather_blocks(key_cache, blocks, 0).view(num_seqs, ctx_len, num_kv_heads, head_dim)
+    values = _gather_blocks(value_cache, blocks, 1).view(num_seqs, ctx_len, num_kv_heads, head_dim)
+    keys = dequantize_kv(keys, torch.float32, params.k_scale)
+    values = dequantize_kv(values, torch.float32, params.v_scale)
 
     # Scatter the packed queries into [S, Mq, H, D].
     seq_of_token = torch.repeat_interleave(torch.arange(num_seqs, device=device), query_lens)

@@ -49,7 +49,7 @@ UNSUPPORTED = [
     (["--tensor-parallel-size", "2"], "--tensor-parallel-size", "for scale-out use -dp N (--data-parallel-size)"),
     (["-tp", "2"], "-tp (--tensor-parallel-size)", "-dp N (--data-parallel-size)"),
     (["--pipeline-parallel-size", "2"], "--pipeline-parallel-size", "-dp N"),
-    (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype", "--dtype"),
+    (["--cpu-offload-gb", "4"], "--cpu-offload-gb", "weights fit"),
     (["--swap-space", "4"], "--swap-space", "--kv-offload-size"),
     (["--speculative-model", "foo"], "--speculative-model", "--speculative-config"),
     (["--load-format", "dummy"], "--load-format", "safetensors"),
@@ -131,3 +131,17 @@ def test_an_engine_start_up_failure_is_printed_once():
     lines = _lines(result.stderr)
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("vllite: error: Engine core initialization failed: ") and "no_such_policy" in lines[0]
+
+
+def test_an_unknown_kv_cache_dtype_is_refused_naming_the_flag_and_its_values():
+    result = _vllite("generate", "--kv-cache-dtype", "fp16", "--executor", NEVER_IMPORTED, "hi")
+    assert result.returncode == 2
+    assert "argument --kv-cache-dtype: invalid choice: 'fp16'" in result.stderr
+    assert all(value in result.stderr for value in ("'auto'", "'fp8'", "'fp8_e4m3'", "'fp8_e5m2'"))
+    assert "vllite_never_imported_executor" not in result.stderr  # refused while parsing, no engine started
+
+
+def test_fp8_kv_cache_with_a_kv_connector_is_refused_before_the_engine_starts():
+    result = _vllite(*_command("generate", "--kv-cache-dtype", "fp8", "--kv-offload-size", "1"))
+    line = _error_line(result)
+    assert "--kv-cache-dtype fp8 cannot be combined with a KV connector" in line

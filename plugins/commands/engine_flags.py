@@ -35,7 +35,6 @@ VLLM_ONLY_FLAGS: dict[tuple[str, ...], str | None] = {
     ("--pipeline-parallel-size", "-pp"): _SCALE_OUT,
     ("--distributed-executor-backend",): "data-parallel engines run as local processes or on Ray: "
     "--data-parallel-backend mp|ray",
-    ("--kv-cache-dtype",): "the KV cache takes the model's dtype (--dtype)",
     ("--lora-modules",): _LORA,
     ("--speculative-model",): _SPECULATIVE,
     ("--num-speculative-tokens",): _SPECULATIVE,

@@ -26,6 +26,10 @@ caches them on the forward context, so the other layers pass them on without bui
 kernels they carry the step's attention plan (``vllite.kernels.plan_paged_attention``: on CPU, the length buckets,
 gather indices, masks and cache-write slots), also built once per distinct sliding window, which the cache write
 gets as ``plan=``. Kernels installed with :func:`set_kernels` get no plan.
+
+An fp8 KV cache (``--kv-cache-dtype fp8``) keeps queries, keys and values in the model's dtype up to the kernels:
+the cache write quantizes with the layer's ``k_scale`` / ``v_scale`` (the runner's ``kv_scales``, published with the
+caches) and the attention kernels dequantize as they read (``PagedAttentionParams.k_scale`` / ``v_scale``).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import torch
 
 from vllite.exceptions import AttentionRoutingError
 from vllite.kernels import varlen_attention
+from vllite.kernels.kv_cache_dtype import is_fp8
 from vllite.kernels.params import PagedAttentionParams
 
 ATTN_IMPLEMENTATION = "vllite_paged"
@@ -80,6 +85,7 @@ class _ForwardContext:
     num_calls: int = 0  # attention calls in this forward (the runner checks every layer came through us)
     kv_connector: Any = None  # the worker-role KV connector, if one is configured
     kv_layers: Sequence[torch.Tensor] = ()  # per layer [2, num_blocks, block_size, heads, dim] (with a connector)
+    kv_scales: Sequence[tuple[float, float]] = ()  # per layer (k_scale, v_scale) of an fp8 cache; () = all 1.0
     plans: dict[int | None, Any] = field(default_factory=dict)  # kernel plans of this forward, per sliding window
     params: dict[int | None, PagedAttentionParams] = field(default_factory=dict)  # kernel arguments, per window
     whole_inputs: bool = False  # every sequence's whole input is in this step (set by the first encoder layer)
@@ -94,11 +100,15 @@ def forward_context(
     kv_caches: Sequence[KVCache],
     kv_connector: Any = None,
     kv_layers: Sequence[torch.Tensor] = (),
+    kv_scales: Sequence[tuple[float, float]] = (),
 ) -> Iterator[_ForwardContext]:
     """Publishes the step's metadata and KV caches (and the KV connector with the per-layer KV tensors it saves
-    from, when there is one) to the attention layers for the duration of a forward."""
+    from, when there is one, and an fp8 cache's per-layer ``(k_scale, v_scale)``) to the attention layers for the
+    duration of a forward."""
     previous = getattr(_local, "ctx", None)
-    ctx = _local.ctx = _ForwardContext(metadata, kv_caches, kv_connector=kv_connector, kv_layers=kv_layers)
+    ctx = _local.ctx = _ForwardContext(
+        metadata, kv_caches, kv_connector=kv_connector, kv_layers=kv_layers, kv_scales=kv_scales
+    )
     try:
         yield ctx
     finally:
@@ -169,10 +179,16 @@ def _layer_params(
     scale: float,
     window: int | None,
     softcap: float | None,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> PagedAttentionParams:
     """The forward's kernel arguments for a layer with these settings, built by the first layer that has them."""
     params = ctx.params.get(window)
-    if params is None or params.scale != scale or params.softcap != softcap:
+    if (
+        params is None
+        or params.scale != scale
+        or params.softcap != softcap
+        or (params.k_scale, params.v_scale) != kv_scales
+    ):
         md = ctx.metadata
         params = ctx.params[window] = PagedAttentionParams(
             md.block_tables,
@@ -183,6 +199,8 @@ def _layer_params(
             scale=scale,
             sliding_window=window,
             softcap=softcap,
+            k_scale=kv_scales[0],
+            v_scale=kv_scales[1],
             plan=None if _planner is None else _step_plan(ctx, key_cache, num_heads, window),
         )
     return params
@@ -264,18 +282,24 @@ def paged_attention_forward(
     window = int(sliding_window) if sliding_window else None
     reshape_and_cache, paged_attention = get_kernels()
     cap = float(softcap) if softcap else None
-    params = _layer_params(ctx, key_cache, query.shape[1], float(scaling), window, cap)
-    plan_kw = {} if _planner is None else {"plan": params.plan}
+    fp8 = is_fp8(key_cache.dtype)
+    kv_scales = ctx.kv_scales[layer_idx] if fp8 and ctx.kv_scales else (1.0, 1.0)
+    params = _layer_params(ctx, key_cache, query.shape[1], float(scaling), window, cap, kv_scales)
+    write_kw: dict[str, Any] = {} if _planner is None else {"plan": params.plan}
+    if fp8:
+        write_kw.update(k_scale=kv_scales[0], v_scale=kv_scales[1])
     connector = ctx.kv_connector
     if connector is not None:
         connector.wait_for_layer_load(kv_layer_name(layer_idx))
+    # Attention runs in the cache's dtype, or for an fp8 cache in the model's (the kernels widen what they read).
+    compute = query.dtype if fp8 else key_cache.dtype
     q = query[0].transpose(0, 1)  # [T, heads, dim]
-    k = key[0].transpose(0, 1).to(key_cache.dtype)
-    v = value[0].transpose(0, 1).to(value_cache.dtype)
-    reshape_and_cache(k, v, key_cache, value_cache, md.slot_mapping, **plan_kw)
+    k = key[0].transpose(0, 1).to(compute)
+    v = value[0].transpose(0, 1).to(compute)
+    reshape_and_cache(k, v, key_cache, value_cache, md.slot_mapping, **write_kw)
     if connector is not None:
         connector.save_kv_layer(kv_layer_name(layer_idx), ctx.kv_layers[layer_idx], attn_metadata=md)
-    out = paged_attention(q.to(key_cache.dtype).contiguous(), key_cache, value_cache, params)
+    out = paged_attention(q.to(compute).contiguous(), key_cache, value_cache, params)
     return out.to(query.dtype).unsqueeze(0), None
 
 

@@ -63,6 +63,17 @@ def resolve_device(device_type: str) -> torch.device:
     return device
 
 
+def _check_kv_cache_dtype(kv_cache_dtype: str, device_type: str) -> None:
+    """Refuses at start-up an fp8 KV cache where it is not implemented: anywhere but the CPU (the Triton kernels
+    read no fp8)."""
+    device = torch.device(device_type).type
+    if kv_cache_dtype != "auto" and device != "cpu":
+        raise DeviceUnavailableError(
+            f"--kv-cache-dtype {kv_cache_dtype} is implemented on the CPU path only, not on {device}; "
+            "use --kv-cache-dtype auto (the model's dtype) there."
+        )
+
+
 def _warn_gpu_memory_utilization_ignored(data_parallel_rank: int) -> None:
     """Says once per run (data-parallel engine 0 speaks for all) that the CPU sizes its KV cache otherwise."""
     if data_parallel_rank == 0:
@@ -80,7 +91,9 @@ class DefaultExecutor(Executor):
 
     def _init_executor(self) -> ModelInfo:
         mc = self.config.model_config
-        self.device = resolve_device(self.device_override or self.config.device_config.device_type)
+        device_type = self.device_override or self.config.device_config.device_type
+        _check_kv_cache_dtype(self.config.cache_config.kv_cache_dtype, device_type)
+        self.device = resolve_device(device_type)
         if self.device.type == "cpu" and self.config.cache_config.gpu_memory_utilization_given:
             _warn_gpu_memory_utilization_ignored(self.config.parallel_config.data_parallel_rank)
         hf_config = mc.hf_config or load_hf_config(mc.model, trust_remote_code=mc.trust_remote_code)
@@ -165,7 +178,7 @@ class DefaultExecutor(Executor):
         max_model_len = self.model_info.max_model_len
         s = self.spec
         bytes_per_token = kv_cache_bytes_per_token(
-            s.num_layers, s.num_kv_heads, s.head_dim, torch.empty((), dtype=self.dtype).element_size()
+            s.num_layers, s.num_kv_heads, s.head_dim, torch.empty((), dtype=self.runner.kv_cache_dtype).element_size()
         )
         if cc.num_gpu_blocks_override is not None:
             num_blocks = int(cc.num_gpu_blocks_override)

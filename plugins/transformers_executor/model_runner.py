@@ -27,6 +27,7 @@ import torch
 
 from vllite.config import EngineConfig
 from vllite.exceptions import AttentionRoutingError, BatchStateError, KVCacheNotAllocatedError
+from vllite.kernels.kv_cache_dtype import is_fp8, kv_cache_torch_dtype
 from vllite.kv_connector.base import KVConnectorBase
 from vllite.lora import LoRARequest
 from vllite.plugins.transformers_executor.attention import AttentionMetadata, forward_context, kv_layer_name
@@ -67,6 +68,12 @@ class ModelRunner:
         self.spec = spec
         self.device = device
         self.dtype = dtype
+        # --kv-cache-dtype: the model's dtype (auto) or fp8 with per-layer (k_scale, v_scale), vLLM's default 1.0
+        # (scales stored in a checkpoint are not read).
+        self.kv_cache_dtype = kv_cache_torch_dtype(config.cache_config.kv_cache_dtype, dtype)
+        self.kv_scales: list[tuple[float, float]] = (
+            [(1.0, 1.0)] * spec.num_layers if is_fp8(self.kv_cache_dtype) else []
+        )
         self.block_size = config.cache_config.block_size
         # The executor resolves max_model_len (EngineConfig.with_limits) before it builds the runner.
         assert config.model_config.max_model_len is not None
@@ -117,9 +124,9 @@ class ModelRunner:
         self.free_kv_cache()
         shape = (s.num_layers, 2, num_blocks, self.block_size, s.num_kv_heads, s.head_dim)
         if self.device.type == "cpu":
-            self._kv_buffer = zeros_on_huge_pages(shape, self.dtype)
+            self._kv_buffer = zeros_on_huge_pages(shape, self.kv_cache_dtype)
         else:
-            self._kv_buffer = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            self._kv_buffer = torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
         self.kv_caches = [(self._kv_buffer[i, 0], self._kv_buffer[i, 1]) for i in range(s.num_layers)]
         self.kv_layers = [self._kv_buffer[i] for i in range(s.num_layers)]
 
@@ -411,7 +418,7 @@ class ModelRunner:
         kwargs: dict[str, Any] = {"input_ids": input_ids, "position_ids": positions, "use_cache": False}
         if self._accepts_logits_to_keep:
             kwargs["logits_to_keep"] = logits_indices
-        with forward_context(md, self.kv_caches, self.kv_connector, self.kv_layers) as ctx:
+        with forward_context(md, self.kv_caches, self.kv_connector, self.kv_layers, self.kv_scales) as ctx:
             output = self.model(**kwargs)
         if ctx.num_calls != self.spec.num_layers:
             raise AttentionRoutingError(
