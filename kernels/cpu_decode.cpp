@@ -65,10 +65,11 @@ static inline __m256 load8(const Fp8E5M2* p) {
   return _mm256_cvtph_ps(_mm_slli_epi16(b, 8));
 }
 static inline __m256 load8(const Fp8E4M3* p) {
-  const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  const __m128i mag = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7F)), 7);
-  const __m128i sign = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8);
-  return _mm256_mul_ps(_mm256_cvtph_ps(_mm_or_si128(mag, sign)), _mm256_set1_ps(256.f));
+  // Sign-extended to 16 bits and shifted left by 7, the byte's exponent and mantissa land in a float16's and its sign
+  // in bits 15 and 14; clearing bit 14 leaves the float16.
+  const __m128i b = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m128i h = _mm_and_si128(_mm_slli_epi16(b, 7), _mm_set1_epi16(static_cast<short>(0xBFFF)));
+  return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.f));
 }
 #endif
 
