@@ -331,6 +331,26 @@ static void paged_decode_typed(torch::Tensor out, torch::Tensor q, torch::Tensor
   });
 }
 
+// out = in * scale, float32 from a contiguous fp8 tensor (the gather path's widening of gathered cache blocks; torch's
+// own fp8 conversion runs element by element, several times slower than a copy).
+void widen_fp8(torch::Tensor out, torch::Tensor in, double scale) {
+  TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && in.is_contiguous(), "widen_fp8: layouts");
+  TORCH_CHECK(out.numel() == in.numel(), "widen_fp8: sizes differ");
+  const auto dtype = in.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat8_e4m3fn || dtype == at::kFloat8_e5m2, "widen_fp8: the input is fp8");
+  float* o = out.data_ptr<float>();
+  const float s = static_cast<float>(scale);
+  auto run = [&](auto* src) {
+    at::parallel_for(0, in.numel(), 1 << 16, [&](int64_t begin, int64_t end) {
+      widen(src + begin, o + begin, end - begin);
+      if (s != 1.f)
+        for (int64_t i = begin; i < end; ++i) o[i] *= s;
+    });
+  };
+  if (dtype == at::kFloat8_e4m3fn) run(reinterpret_cast<const Fp8E4M3*>(in.data_ptr()));
+  else run(reinterpret_cast<const Fp8E5M2*>(in.data_ptr()));
+}
+
 // out, q: [n, H, D] float32; caches: [num_blocks, block_size, Hkv, D] float32, bfloat16, float8_e4m3fn or
 // float8_e5m2; block_tables: [n, max_blocks] int32; seq_lens: [n] int32. Sequence s attends to its first seq_lens[s]
 // cached tokens. k_scale and v_scale: the fp8 caches' dequantization scales (ignored for the others).

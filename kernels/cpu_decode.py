@@ -17,7 +17,8 @@ about a minute) into torch's extension cache, and loaded from there afterwards. 
 or fp8 (e4m3 or e5m2, with the layer's ``k_scale`` / ``v_scale``), widened to float32 as it is read: a bfloat16
 cache halves the bytes decode reads, an fp8 one quarters them. fp8 is widened eight elements at a time through the
 F16C half-precision conversion where the CPU has AVX2 (e5m2 is the high byte of a float16; e4m3 moves into a
-float16's bit positions and is rescaled by 2^8), else through a 256-entry table per format. When no compiler is
+float16's bit positions and is rescaled by 2^8), else through a 256-entry table per format; :func:`widen_fp8` exports
+that widening for the gather path. When no compiler is
 found or the build fails, :func:`decode_kernel` returns ``None`` (logged once) and the torch path serves decode.
 ``VLLITE_CPU_DECODE_KERNEL=0`` turns it off.
 """
@@ -37,14 +38,15 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["decode_kernel", "paged_decode_attention"]
+__all__ = ["decode_kernel", "paged_decode_attention", "widen_fp8"]
 
 _CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2)
 _QUERY_DTYPES = (torch.float32, torch.bfloat16)
 _SOURCE = (pathlib.Path(__file__).parent / "cpu_decode.cpp").read_text()
 _CPP_DECL = (
     "void paged_decode(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, "
-    "torch::Tensor block_tables, torch::Tensor seq_lens, double scale, double k_scale, double v_scale);"
+    "torch::Tensor block_tables, torch::Tensor seq_lens, double scale, double k_scale, double v_scale);\n"
+    "void widen_fp8(torch::Tensor out, torch::Tensor in, double scale);"
 )
 
 
@@ -74,7 +76,7 @@ def decode_kernel() -> Any | None:
         return load_inline(
             name=_NAME,
             cpp_sources=[_CPP_DECL, _SOURCE],
-            functions=["paged_decode"],
+            functions=["paged_decode", "widen_fp8"],
             extra_cflags=_CFLAGS,
             extra_ldflags=["-fopenmp"],
         )
@@ -140,3 +142,16 @@ def paged_decode_attention(
         out.copy_(result)
         return out
     return result if query.dtype == torch.float32 else result.to(query.dtype)
+
+
+def widen_fp8(cache: torch.Tensor, scale: float, out: torch.Tensor) -> bool:
+    """Writes the fp8 tensor ``cache`` times ``scale`` into the float32 tensor ``out`` of the same size with the
+    compiled module (vectorised; torch converts fp8 element by element); ``False``, nothing written, where it does not
+    apply (no kernel, another dtype, non-contiguous tensors)."""
+    kernel = decode_kernel()
+    if kernel is None or cache.dtype not in _CACHE_DTYPES[2:] or out.dtype != torch.float32:
+        return False
+    if not (cache.is_contiguous() and out.is_contiguous()) or cache.numel() != out.numel():
+        return False
+    kernel.widen_fp8(out, cache, scale)
+    return True

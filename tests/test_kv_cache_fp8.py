@@ -138,6 +138,25 @@ def test_mixed_batches_on_an_fp8_cache_equal_the_reference(dtype, seed):
 
 
 @pytest.mark.parametrize("dtype", FP8, ids=FP8_IDS)
+def test_the_compiled_widening_of_gathered_blocks_equals_torch(dtype):
+    """The gather path widens float32 copies with the compiled module: every finite byte, times the scale, exactly
+    as torch converts it; and a bfloat16 model's gather path (torch's conversion) matches the reference."""
+    _kernel()
+    finite = torch.arange(256, dtype=torch.uint8).view(dtype).float().isfinite()
+    cache = torch.arange(256, dtype=torch.uint8)[finite].repeat(1000).view(dtype)  # several threads' chunks
+    out = torch.empty(cache.shape)
+    assert cpu_decode.widen_fp8(cache, 0.75, out)
+    assert torch.equal(out, cache.float() * 0.75)
+    assert not cpu_decode.widen_fp8(cache, 0.75, torch.empty(cache.shape, dtype=torch.bfloat16))
+    case = _fp8_case([(40, 1), (0, 30), (100, 7)], dtype, seed=5)
+    params = _params(case, scale=48**-0.5, k_scale=0.5, v_scale=2.0)
+    expected = paged_attention_ref(case.query, case.key_cache, case.value_cache, params)
+    got = paged_attention_cpu(case.query.bfloat16(), case.key_cache, case.value_cache, params)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), expected, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("dtype", FP8, ids=FP8_IDS)
 def test_the_cache_write_quantizes_with_the_scale_and_saturates(dtype):
     g = torch.Generator().manual_seed(1)
     key = torch.randn(7, 2, 8, generator=g) * 4
