@@ -13,15 +13,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from vllite.config import KV_CACHE_DTYPES
+
 if TYPE_CHECKING:
     import torch
     from torch import Tensor
 
 __all__ = ["FP8_KV_CACHE_DTYPES", "KV_CACHE_DTYPES", "dequantize_kv", "is_fp8", "kv_cache_torch_dtype", "quantize_kv"]
 
-#: The values ``--kv-cache-dtype`` takes, as in vLLM (``fp8`` is ``fp8_e4m3``).
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
-FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")
+#: The fp8 values of ``--kv-cache-dtype`` (``vllite.config.KV_CACHE_DTYPES``, as in vLLM; ``fp8`` is ``fp8_e4m3``).
+FP8_KV_CACHE_DTYPES = tuple(name for name in KV_CACHE_DTYPES if name != "auto")
 
 
 def kv_cache_torch_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
