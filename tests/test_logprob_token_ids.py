@@ -5,13 +5,10 @@ official ``openai`` client; every misuse is a ``ValueError`` / HTTP 400 naming t
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
-
 import pytest
 import torch
 
+from tests.test_server_request_fields import post
 from vllite import LLM, SamplingParams
 from vllite.plugins.transformers_executor.sampler import gather_logprobs
 from vllite.sampling_params import MAX_LOGPROB_TOKEN_IDS
@@ -139,17 +136,6 @@ def server(model_dir):
 def client(server):
     with openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0) as c:
         yield c
-
-
-def post(server, path: str, body: dict) -> tuple[int, dict]:
-    request = urllib.request.Request(
-        server.url + path, json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST"
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=120) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
 
 
 def test_completions_top_logprobs_are_the_named_ids(client, hf_model):

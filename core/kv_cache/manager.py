@@ -175,8 +175,9 @@ class KVCacheManager:
             )
         hit_blocks: Sequence[KVCacheBlock] = new_computed_blocks.blocks if new_computed_blocks else ()
         request_id = request.request_id
-        total_computed = min(request.num_computed_tokens + num_new_computed_tokens, self.max_model_len)
-        num_tokens_need_slot = min(total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+        total_computed, num_tokens_need_slot = self._span(
+            request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens
+        )
         if self._num_short(request_id, total_computed, num_tokens_need_slot, hit_blocks) > 0:
             return None
         self.manager.remove_skipped_blocks(request_id, total_computed)
@@ -204,9 +205,17 @@ class KVCacheManager:
         """How many blocks ``allocate_slots`` with the same arguments lacks (0: it would succeed); it changes
         nothing."""
         hit_blocks: Sequence[KVCacheBlock] = new_computed_blocks.blocks if new_computed_blocks else ()
-        total_computed = min(request.num_computed_tokens + num_new_computed_tokens, self.max_model_len)
-        num_tokens_need_slot = min(total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+        total_computed, num_tokens_need_slot = self._span(
+            request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens
+        )
         return self._num_short(request.request_id, total_computed, num_tokens_need_slot, hit_blocks)
+
+    def _span(
+        self, request: Request, num_new_tokens: int, num_new_computed_tokens: int, num_lookahead_tokens: int
+    ) -> tuple[int, int]:
+        """Tokens computed once the hits are attached, and tokens that then need a slot (within max_model_len)."""
+        total_computed = min(request.num_computed_tokens + num_new_computed_tokens, self.max_model_len)
+        return total_computed, min(total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
 
     def _num_short(
         self, request_id: str, total_computed: int, num_tokens_need_slot: int, hit_blocks: Sequence[KVCacheBlock]
