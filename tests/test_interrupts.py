@@ -131,6 +131,16 @@ if __name__ == "__main__":
 """
 
 
+@pytest.fixture(autouse=True)
+def _sigint_delivered():
+    """Ctrl-C reaches these tests and the processes they start even when the test run itself was started with SIGINT
+    ignored (as a background job of a non-interactive shell is): a Python handler here resets to the default in the
+    children at exec, where an ignored signal would stay ignored."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def _env(tmp_path: Path, *, multiprocessing: bool = True) -> dict[str, str]:
     env = {
         **os.environ,
