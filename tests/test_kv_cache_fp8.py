@@ -213,7 +213,9 @@ def float32_run(tiny_llama):
 
 @pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e5m2"])
 def test_an_fp8_engine_follows_float32_up_to_near_ties(monkeypatch, tiny_llama, float32_run, kv_cache_dtype):
-    _kernel()
+    """Through the compiled decode kernel where it builds, else through the gather path (no C++ compiler, or
+    VLLITE_CPU_DECODE_KERNEL=0): the same bounds either way."""
+    compiled = cpu_decode.decode_kernel() is not None
     prompts, reference, _ = float32_run
     decode_calls = []
     original = cpu_attention.paged_decode_attention
@@ -229,7 +231,10 @@ def test_an_fp8_engine_follows_float32_up_to_near_ties(monkeypatch, tiny_llama, 
     assert key_cache.dtype == kv_cache_torch_dtype(kv_cache_dtype, torch.float32)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    assert decode_calls and all(decode_calls), "fp8 decode must run in the compiled kernel"
+    if compiled:
+        assert decode_calls and all(decode_calls), "fp8 decode must run in the compiled kernel"
+    else:
+        assert not any(decode_calls), "without the kernel, fp8 decode goes through the gather path"
 
     agreed, worst = 0, 0.0
     for ours, theirs in zip(outputs, reference):
