@@ -100,7 +100,6 @@ async def start_chat(
         request,
         logprobs_field="logprobs (true)",
         logprobs_set=bool(request.logprobs),
-        vocab_size=ctx.engine.engine_info.vocab_size,
     )
     mode = resolve_tool_mode(ctx, request)
     constraint = chat_constraint(request, ctx.structured_outputs_config)

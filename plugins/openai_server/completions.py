@@ -66,7 +66,6 @@ async def create_completion(
         request,
         logprobs_field="logprobs",
         logprobs_set=request.logprobs is not None,
-        vocab_size=ctx.engine.engine_info.vocab_size,
     )
     if request.logprob_token_ids and request.echo and request.max_tokens == 0:
         raise BadRequestError(

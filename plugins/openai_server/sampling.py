@@ -77,7 +77,7 @@ def build_sampling_params(
     except BadRequestError:
         raise
     except (ValueError, TypeError) as exc:
-        raise BadRequestError(str(exc), param=_field_named_in(str(exc))) from None
+        raise BadRequestError(str(exc), param=field_named_in(str(exc))) from None
 
 
 def extra_args(request: SamplingFields) -> dict[str, Any] | None:
@@ -119,20 +119,12 @@ def check_common_fields(request: SamplingFields, *, max_logprobs: int) -> None:
         raise BadRequestError("prompt_logprobs are not available when stream is true.", param="prompt_logprobs")
 
 
-def check_logprob_token_ids(
-    request: SamplingFields, *, logprobs_field: str, logprobs_set: bool, vocab_size: int | None
-) -> None:
-    """vLLM's rules for ``logprob_token_ids``: ids in the vocabulary, the route's logprobs switch
-    (``logprobs_field``) set, no beam search; raises :class:`BadRequestError` naming the field."""
-    ids = request.logprob_token_ids
-    if not ids:
+def check_logprob_token_ids(request: SamplingFields, *, logprobs_field: str, logprobs_set: bool) -> None:
+    """vLLM's rules for ``logprob_token_ids`` that ``SamplingParams`` cannot check by itself: the route's logprobs
+    switch (``logprobs_field``) set, no beam search; raises :class:`BadRequestError` naming the field. (Ids outside
+    the vocabulary are the engine's 400, as for ``allowed_token_ids``.)"""
+    if not request.logprob_token_ids:
         return
-    outside = [t for t in ids if t < 0 or (vocab_size is not None and t >= vocab_size)]
-    if outside:
-        raise BadRequestError(
-            f"logprob_token_ids has token ids outside the vocabulary [0, {vocab_size}): {outside[:5]}.",
-            param="logprob_token_ids",
-        )
     if not logprobs_set:
         raise BadRequestError(f"logprob_token_ids needs {logprobs_field} to be set.", param="logprob_token_ids")
     if request.use_beam_search:
@@ -196,7 +188,7 @@ def _logit_bias(bias: dict[str, float] | None, vocab_size: int | None = None) ->
     return out
 
 
-def _field_named_in(message: str) -> str | None:
+def field_named_in(message: str) -> str | None:
     """The field a ``SamplingParams`` error names (``"temperature must be ..."``, ``"SamplingParams.n ..."``)."""
     words = message.replace("SamplingParams.", "").replace("=", " ").split()
     for word in words[:6]:

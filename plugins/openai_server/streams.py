@@ -15,6 +15,7 @@ from typing import Any
 
 from vllite.exceptions import BadRequestError
 from vllite.outputs import RequestOutput
+from vllite.plugins.openai_server.sampling import field_named_in
 from vllite.sampling_params import SamplingParams
 
 logger = logging.getLogger("vllite.server")
@@ -109,12 +110,16 @@ async def submit(
 
 def _param_of(message: str, data_parallel_rank: int | None = None) -> str | None:
     """The request field an engine-side rejection names: the header or ``vllm_xargs`` for a data-parallel rank
-    out of range, ``prompt`` or ``logprobs`` from the message."""
+    out of range, the ``SamplingParams`` field its message names (``allowed_token_ids``, ``logprob_token_ids``, ...),
+    else ``prompt`` or ``logprobs`` from the message."""
     lowered = message.lower()
     if "data_parallel_rank" in lowered:
         from vllite.plugins.openai_server.app import DP_RANK_HEADER
 
         return DP_RANK_HEADER if data_parallel_rank is not None else "vllm_xargs"
+    named = field_named_in(message) if "SamplingParams." in message else None
+    if named is not None:
+        return named
     if "prompt" in lowered:
         return "prompt"
     if "logprobs" in lowered:
