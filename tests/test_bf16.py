@@ -94,7 +94,7 @@ def test_a_bfloat16_engine_agrees_with_hf_bfloat16_until_a_rounding_near_tie(mon
         return result
 
     monkeypatch.setattr(cpu_attention, "paged_decode_attention", counting)
-    llm = LLM(model=model_dir, dtype="auto", max_model_len=256)
+    llm = LLM(model=model_dir, dtype="auto", max_model_len=256, device="cpu")
     executor = llm.llm_engine.engine_core.engine_core.model_executor  # in-process (VLLITE_ENABLE_MULTIPROCESSING=0)
     assert next(executor.runner.model.parameters()).dtype == torch.bfloat16
     assert executor.runner.kv_caches[0][0].dtype == torch.bfloat16

@@ -197,7 +197,9 @@ def test_model_and_kv_cache_facts_are_reported_not_written(model_dirs: dict[str,
 
 
 def test_kv_cache_sized_from_cpu_budget(model_dirs: dict[str, Path]) -> None:
-    cfg = make_config(model_dirs["llama"], max_model_len=64, num_blocks=None, cpu_kvcache_space_gib=1 / 1024)
+    cfg = make_config(
+        model_dirs["llama"], max_model_len=64, num_blocks=None, cpu_kvcache_space_gib=1 / 1024, device="cpu"
+    )
     ex = DefaultExecutor(cfg)
     per_token = 2 * 2 * 2 * 16 * 4  # K+V, layers, kv heads, head dim, float32
     kv_cache = ex.initialize_kv_cache()
@@ -205,14 +207,16 @@ def test_kv_cache_sized_from_cpu_budget(model_dirs: dict[str, Path]) -> None:
     key_cache, _ = ex.runner.kv_caches[0]
     assert key_cache.shape == (kv_cache.num_blocks, 4, 2, 16)
     # 8 KiB: 16 tokens, not one 256-token sequence. A length the user asked for is an error ...
-    tiny = {"num_blocks": None, "cpu_kvcache_space_gib": 8 / 2**20}
+    tiny = {"num_blocks": None, "cpu_kvcache_space_gib": 8 / 2**20, "device": "cpu"}
     with pytest.raises(KVCacheMemoryError, match="max_model_len=256"):
         DefaultExecutor(make_config(model_dirs["llama"], max_model_len=256, **tiny)).initialize_kv_cache()
 
 
 def test_model_context_shrinks_to_a_small_kv_cache(model_dirs: dict[str, Path], caplog) -> None:
     # ... while the model's own limit shrinks to what fits (3 usable blocks of 4 tokens), naming both lengths.
-    ex = DefaultExecutor(make_config(model_dirs["llama"], num_blocks=None, cpu_kvcache_space_gib=8 / 2**20))
+    ex = DefaultExecutor(
+        make_config(model_dirs["llama"], num_blocks=None, cpu_kvcache_space_gib=8 / 2**20, device="cpu")
+    )
     with caplog.at_level("WARNING"):
         assert ex.initialize_kv_cache() == KVCacheInfo(num_blocks=4, max_model_len=12)
     assert "max_model_len=256" in caplog.text and "lowering max_model_len to 12" in caplog.text
@@ -223,7 +227,12 @@ def test_engine_reports_the_shrunk_context_and_the_frontend_enforces_it(model_di
 
     nine_blocks = 9 * 4 * (2 * 2 * 2 * 16 * 4) / 2**30  # GiB: 9 blocks of 4 tokens, 8 usable
     llm = LLM(
-        str(model_dirs["llama"]), cpu_kvcache_space=nine_blocks, block_size=4, dtype="float32", skip_tokenizer_init=True
+        str(model_dirs["llama"]),
+        cpu_kvcache_space=nine_blocks,
+        block_size=4,
+        dtype="float32",
+        skip_tokenizer_init=True,
+        device="cpu",
     )
     try:
         assert llm.llm_engine.engine_info.max_model_len == 32

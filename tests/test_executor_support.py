@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from vllite.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from vllite.config import CacheConfig, DeviceConfig, EngineConfig, ModelConfig, SchedulerConfig
 from vllite.sampling_params import SamplingParams
 from vllite.sched.output import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
 
@@ -74,12 +74,14 @@ def make_config(
     max_num_seqs: int = 16,
     max_model_len: int | None = None,
     dtype: str = "float32",
+    device: str = "auto",
     **cache: Any,
 ) -> EngineConfig:
     """A config for executor tests; ``num_blocks=None`` sizes the KV cache from ``cache`` (e.g.
-    ``cpu_kvcache_space_gib``)."""
+    ``cpu_kvcache_space_gib``, with ``device="cpu"``)."""
     return EngineConfig(
         model_config=ModelConfig(model=str(model_path), dtype=dtype, max_model_len=max_model_len, seed=0),
+        device_config=DeviceConfig(device=device),
         cache_config=CacheConfig(block_size=block_size, num_gpu_blocks_override=num_blocks, **cache),
         scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs),
     )

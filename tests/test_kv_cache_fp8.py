@@ -194,7 +194,7 @@ def tiny_llama() -> str:
 
 
 def _engine(model_dir: str, kv_cache_dtype: str) -> LLM:
-    return LLM(model=model_dir, max_model_len=256, kv_cache_dtype=kv_cache_dtype, cpu_kvcache_space=0.01)
+    return LLM(model=model_dir, max_model_len=256, kv_cache_dtype=kv_cache_dtype, cpu_kvcache_space=0.01, device="cpu")
 
 
 def _runner(llm: LLM):

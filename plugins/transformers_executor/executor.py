@@ -192,11 +192,11 @@ class DefaultExecutor(Executor):
                 allow_shrink=self._may_shrink_context,
                 device=self.device.type,
             )
-            if self.device.type == "cpu":
-                # CPU memory is shared with everything else: take at most twice what max_num_seqs full-length
-                # sequences can use (the extra half keeps finished prefixes cached), not the whole budget.
-                blocks_per_seq = -(-max_model_len // cc.block_size)
-                num_blocks = min(num_blocks, 2 * self.config.scheduler_config.max_num_seqs * blocks_per_seq + 1)
+            # Take at most twice what max_num_seqs full-length sequences can use (the extra half keeps finished
+            # prefixes cached), not the whole budget: CPU memory is shared with everything else, and on a GPU a
+            # small model's budget would be tens of millions of blocks, each a Python object of the block pool.
+            blocks_per_seq = -(-max_model_len // cc.block_size)
+            num_blocks = min(num_blocks, 2 * self.config.scheduler_config.max_num_seqs * blocks_per_seq + 1)
         self.runner.allocate_kv_cache(num_blocks)
         self._num_blocks = num_blocks
         self._attach_kv_connector()
