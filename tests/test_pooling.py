@@ -223,3 +223,28 @@ def test_reward_with_step_pooling_returns_the_tagged_positions(tmp_path) -> None
         assert torch.allclose(reward.outputs.data, per_token[[2, 5]][:, [0, 2]], atol=1e-5)
     finally:
         llm.shutdown()
+
+
+def test_the_memory_profile_forward_runs_every_kind_of_model(st_llm: LLM, qwen_embed_llm: LLM, tmp_path) -> None:
+    """On CUDA the KV cache is sized after a dummy forward (``profile_run``) measures peak activations. A pooling
+    model has no logits to sort: its runner profiles its base and its head. Nothing else calls this on the CPU, so it
+    is called here directly, and the engines serve on unchanged after it."""
+    classifier = LLM(str(make_decoder_classifier(tmp_path / "cls", num_labels=3)), max_model_len=256)
+    cross_encoder = LLM(str(make_cross_encoder(tmp_path / "ce")), max_model_len=256)
+    generator = LLM(str(make_tiny_model("llama", tmp_path / "gen", seed=1)), max_model_len=256)
+    try:
+        for llm in (st_llm, qwen_embed_llm, classifier, cross_encoder, generator):
+            runner = llm.llm_engine.engine_core.engine_core.model_executor.runner  # in-process
+            caches = runner.kv_caches
+            runner.profile_run(64)
+            assert runner.kv_caches is caches  # the dummy forward's own small cache is gone again
+        before = st_llm.embed(TEXTS[:2], use_tqdm=False)
+        assert [o.outputs.embedding for o in st_llm.embed(TEXTS[:2], use_tqdm=False)] == [
+            o.outputs.embedding for o in before
+        ]
+        assert len(classifier.classify(TEXTS[:1], use_tqdm=False)[0].outputs.probs) == 3
+        out = generator.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(max_tokens=3), use_tqdm=False)
+        assert len(out[0].outputs[0].token_ids) == 3
+    finally:
+        for llm in (classifier, cross_encoder, generator):
+            llm.shutdown()

@@ -440,6 +440,12 @@ class ModelRunner:
         self.sampling_inputs.add_penalties(md, n)
 
     # ------------------------------------------------------------------ memory profiling (CUDA)
+    def _profile_forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata, logits_indices: torch.Tensor
+    ) -> None:
+        """``profile_run``'s dummy forward: the model, then a sort of the logits rows kept (top-p/top-k's peak)."""
+        self._forward(input_ids, positions, md, logits_indices).sort(dim=-1)
+
     @torch.inference_mode()
     def profile_run(self, num_tokens: int) -> None:
         """One forward over ``num_tokens`` dummy tokens (plus a sort of as many logits rows as requests) so the
@@ -464,7 +470,6 @@ class ModelRunner:
             ids = torch.zeros(1, num_tokens, dtype=torch.int64, device=dev)
             pos = torch.arange(num_tokens, device=dev).unsqueeze(0)
             keep = torch.arange(num_tokens - min(num_tokens, self.max_num_reqs), num_tokens, device=dev)
-            logits = self._forward(ids, pos, md, keep)
-            logits.float().sort(dim=-1)
+            self._profile_forward(ids, pos, md, keep)
         finally:
             self._kv_buffer, self.kv_caches, self.kv_layers, self.kv_connector = saved

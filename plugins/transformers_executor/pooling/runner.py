@@ -18,7 +18,7 @@ import torch
 
 from vllite.config import EngineConfig
 from vllite.exceptions import AttentionRoutingError
-from vllite.plugins.transformers_executor.attention import forward_context
+from vllite.plugins.transformers_executor.attention import AttentionMetadata, forward_context
 from vllite.plugins.transformers_executor.model_loader import ModelSpec
 from vllite.plugins.transformers_executor.model_runner import ModelRunner
 from vllite.plugins.transformers_executor.pooling.loader import LoadedPoolingModel
@@ -69,17 +69,8 @@ class PoolingModelRunner(ModelRunner):
         rows = [
             self._row(req_id, starts[i], int(num_scheduled[i]), int(computed[i])) for i, req_id in enumerate(req_ids)
         ]
-        kwargs: dict[str, Any] = {"input_ids": input_ids, "position_ids": positions}
-        if self._takes_token_types:
-            kwargs["token_type_ids"] = self._token_type_ids(rows, positions)
-        with forward_context(metadata, self.kv_caches) as ctx:
-            output = self.base(**kwargs)
-        if ctx.num_calls != self.spec.num_layers:
-            raise AttentionRoutingError(
-                f"{type(self.base).__name__} called vllite's attention {ctx.num_calls} times for "
-                f"{self.spec.num_layers} layers; vllite cannot run this architecture."
-            )
-        hidden = output[0][0]  # last_hidden_state of the packed batch: [num_tokens, hidden]
+        token_types = self._token_type_ids(rows, positions) if self._takes_token_types else None
+        hidden = self._hidden_states(input_ids, positions, metadata, token_types)
         pooled, failed = self.pooler.step(hidden, rows)
         for req_id in failed:
             self.pooler.forget(req_id)
@@ -90,6 +81,32 @@ class PoolingModelRunner(ModelRunner):
             pooler_output=pooled,
             failed_requests=failed or None,
         )
+
+    def _hidden_states(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata, token_types: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The base model's last hidden states of the packed batch, ``[num_tokens, hidden]``."""
+        kwargs: dict[str, Any] = {"input_ids": input_ids, "position_ids": positions}
+        if token_types is not None:
+            kwargs["token_type_ids"] = token_types
+        with forward_context(md, self.kv_caches) as ctx:
+            output = self.base(**kwargs)
+        if ctx.num_calls != self.spec.num_layers:
+            raise AttentionRoutingError(
+                f"{type(self.base).__name__} called vllite's attention {ctx.num_calls} times for "
+                f"{self.spec.num_layers} layers; vllite cannot run this architecture."
+            )
+        return output[0][0]
+
+    def _profile_forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata, logits_indices: torch.Tensor
+    ) -> None:
+        """A pooling model's dummy forward: its base and the pooler's head over the rows a step could pool (it has
+        no logits to sort)."""
+        token_types = torch.zeros_like(positions) if self._takes_token_types else None
+        hidden = self._hidden_states(input_ids, positions, md, token_types)
+        if self.pooler.head is not None:
+            self.pooler.head(hidden[logits_indices])
 
     def _row(self, req_id: str, start: int, length: int, num_computed: int) -> PoolingRow:
         state = self.requests[req_id]
