@@ -114,7 +114,7 @@ def _find_seq(query_start_loc_ptr, q_block_id, num_seqs, BLOCK_Q: tl.constexpr):
     return lo - 1
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs"])  # a new batch size must not compile a new kernel
 def _paged_attention_kernel(
     q_ptr,
     k_cache_ptr,
