@@ -78,9 +78,13 @@ class HFRunner:
         from transformers import AutoModelForCausalLM
 
         dtypes = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+        # The device vllite's default (--device auto) picks, so both engines run on the same hardware.
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.hf = AutoModelForCausalLM.from_pretrained(model, dtype=dtypes[args.dtype] or "auto").eval()
-        if args.dtype == "auto" and next(self.hf.parameters()).dtype in (torch.float16, torch.bfloat16):
+        half = next(self.hf.parameters()).dtype in (torch.float16, torch.bfloat16)
+        if self.device == "cpu" and args.dtype == "auto" and half:
             self.hf = self.hf.float()  # as vllite does on the CPU
+        self.hf.to(self.device)
 
     def __call__(self, workload: common.Workload, args: argparse.Namespace) -> float:
         import torch
@@ -95,10 +99,10 @@ class HFRunner:
                 config = GenerationConfig(
                     do_sample=False, max_new_tokens=new, min_new_tokens=new, pad_token_id=0, eos_token_id=None
                 )
-                input_ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in batch])
-                mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch])
+                input_ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in batch], device=self.device)
+                mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch], device=self.device)
                 out = self.hf.generate(input_ids=input_ids, attention_mask=mask, generation_config=config)
-                assert out.shape[1] == width + new
+                assert out.shape[1] == width + new  # a shape check synchronises with the device
         return time.perf_counter() - start
 
     def close(self) -> None:
