@@ -172,7 +172,8 @@ def test_loading_a_class_path_activates_the_layer_in_a_fresh_process(tmp_path):
         "classes = load_logitsprocs_classes(custom=['fresh_lp:Nop'])\n"
         "assert classes[-1].__name__ == 'Nop', classes\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "VLLITE_PLUGINS": ""}
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))  # vllite may live there
+    env = {**os.environ, "PYTHONPATH": path, "VLLITE_PLUGINS": ""}
     subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path, env=env)
 
 
