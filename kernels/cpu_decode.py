@@ -26,17 +26,13 @@ found or the build fails, :func:`decode_kernel` returns ``None`` (logged once) a
 from __future__ import annotations
 
 import functools
-import hashlib
-import importlib.util
-import logging
 import os
 import pathlib
-import shutil
 from typing import Any
 
 import torch
 
-logger = logging.getLogger(__name__)
+from vllite.kernels.cpp_build import load_cpp_module, module_name
 
 __all__ = ["decode_kernel", "paged_decode_attention", "widen_fp8"]
 
@@ -50,11 +46,8 @@ _CPP_DECL = (
 )
 
 
-#: Compiler flags. -fopenmp: at::parallel_for's OpenMP loop (torch's thread pool) is compiled in only with it;
-#: fast-math lets the dot products and exp vectorize (the inputs are finite; -inf is never formed).
-_CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
 #: The module name carries a hash of the source and flags, so a changed kernel is rebuilt, never loaded stale.
-_NAME = "vllite_cpu_decode_" + hashlib.sha256("\0".join([_SOURCE, *_CFLAGS]).encode()).hexdigest()[:12]
+_NAME = module_name("vllite_cpu_decode_", _SOURCE)
 
 
 @functools.cache
@@ -63,44 +56,7 @@ def decode_kernel() -> Any | None:
     ``None`` when it cannot be built or is turned off with ``VLLITE_CPU_DECODE_KERNEL=0``."""
     if os.environ.get("VLLITE_CPU_DECODE_KERNEL", "1") == "0":
         return None
-    built = _load_built()
-    if built is not None:
-        return built
-    if shutil.which(os.environ.get("CXX", "c++")) is None:
-        logger.warning("No C++ compiler found: CPU decode attention uses the torch path (gather + SDPA).")
-        return None
-    from torch.utils.cpp_extension import load_inline
-
-    logger.info("Building the CPU decode-attention kernel %s (once per machine, about half a minute)", _NAME)
-    try:
-        return load_inline(
-            name=_NAME,
-            cpp_sources=[_CPP_DECL, _SOURCE],
-            functions=["paged_decode", "widen_fp8"],
-            extra_cflags=_CFLAGS,
-            extra_ldflags=["-fopenmp"],
-        )
-    except Exception as exc:  # a broken toolchain must not take the engine down: the torch path still works
-        logger.warning("Building the CPU decode-attention kernel failed (%s); using the torch path.", exc)
-        return None
-
-
-def _load_built() -> Any | None:
-    """The module from an earlier build, imported directly (``load_inline`` would re-check the build, ~1 s)."""
-    from torch.utils.cpp_extension import _get_build_directory
-
-    path = os.path.join(_get_build_directory(_NAME, verbose=False), f"{_NAME}.so")
-    if not os.path.exists(path):
-        return None
-    spec = importlib.util.spec_from_file_location(_NAME, path)
-    if spec is None or spec.loader is None:
-        return None
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except ImportError:
-        return None  # built for another torch: rebuild
-    return module
+    return load_cpp_module(_NAME, _CPP_DECL, _SOURCE, ["paged_decode", "widen_fp8"], "the CPU decode-attention kernel")
 
 
 def paged_decode_attention(

@@ -1,0 +1,72 @@
+"""Builds vllite's C++ CPU kernels once per machine and loads them from torch's extension cache afterwards.
+
+Each kernel module is compiled with ``torch.utils.cpp_extension.load_inline`` (the C++ compiler torch was built with,
+``-march=native``) under a name that carries a hash of its source and flags, so a changed kernel is rebuilt, never
+loaded stale. When no compiler is found or the build fails, :func:`load_cpp_module` returns ``None`` (logged once
+by its cached caller) and the caller serves the torch path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["CFLAGS", "load_cpp_module", "module_name"]
+
+#: Compiler flags. -fopenmp: at::parallel_for's OpenMP loop (torch's thread pool) is compiled in only with it;
+#: fast-math lets dot products and exp vectorize (the inputs are finite; -inf is never formed).
+CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
+
+
+def module_name(prefix: str, source: str) -> str:
+    """``prefix`` plus a hash of ``source`` and the flags."""
+    return prefix + hashlib.sha256("\0".join([source, *CFLAGS]).encode()).hexdigest()[:12]
+
+
+def load_cpp_module(name: str, declarations: str, source: str, functions: list[str], what: str) -> Any | None:
+    """The compiled module ``name`` (from an earlier build, else built now), or ``None`` when it cannot be built;
+    ``what`` names the kernel in the log lines."""
+    built = _load_built(name)
+    if built is not None:
+        return built
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        logger.warning("No C++ compiler found: %s uses the torch path.", what)
+        return None
+    from torch.utils.cpp_extension import load_inline
+
+    logger.info("Building %s %s (once per machine, about half a minute)", what, name)
+    try:
+        return load_inline(
+            name=name,
+            cpp_sources=[declarations, source],
+            functions=functions,
+            extra_cflags=CFLAGS,
+            extra_ldflags=["-fopenmp"],
+        )
+    except Exception as exc:  # a broken toolchain must not take the engine down: the torch path still works
+        logger.warning("Building %s failed (%s); using the torch path.", what, exc)
+        return None
+
+
+def _load_built(name: str) -> Any | None:
+    """The module from an earlier build, imported directly (``load_inline`` would re-check the build, ~1 s)."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    path = os.path.join(_get_build_directory(name, verbose=False), f"{name}.so")
+    if not os.path.exists(path):
+        return None
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        return None
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except ImportError:
+        return None  # built for another torch: rebuild
+    return module
