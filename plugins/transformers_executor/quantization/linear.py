@@ -1,12 +1,14 @@
-"""Linear layers that keep their weight packed and multiply with torch's fused CPU weight-only kernels.
+"""Linear layers that keep their weight packed and multiply with fused CPU weight-only kernels.
 
-- :class:`Int8WeightLinear`: ``torch.ops.aten._weight_int8pack_mm`` (int8 weight ``[out, in]``, one scale per output
-  channel). A group-wise int8 weight is split into its column groups, one call each, summed.
+- :class:`Int8WeightLinear`: int8 weight ``[out, in]`` with one scale per output channel and column group, through
+  :mod:`vllite.kernels.cpu_int8_linear` at decode batch sizes (torch's ``_weight_int8pack_mm`` is slower than a
+  float32 matmul on AVX2 CPUs), dequantized into torch's matmul for prefill.
 - :class:`Int4WeightLinear`: ``torch.ops.aten._weight_int4pack_mm_for_cpu`` on the weight packed once by
   ``_convert_weight_to_int4pack_for_cpu``; the kernel computes ``(q - 8) * scale + zero`` per group of 32, 64, 128
   or 256 input columns, so a larger group (or one scale per channel) repeats its scale over kernel groups.
 
-Scales are kept in the activation dtype (the kernels require it); accumulation is in float32 inside the kernels.
+The int4 layer keeps its scales in the activation dtype (torch's kernel requires it), the int8 layer in float32;
+accumulation is in float32 inside the kernels.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import torch
 from torch import nn
 
 from vllite.exceptions import ModelLoadError
+from vllite.kernels import cpu_int8_linear
+from vllite.kernels.cpu_int8_linear import GROUP_MULTIPLE
 from vllite.plugins.transformers_executor.quantization.formats import QuantizedWeight
 
 _INT4_KERNEL_GROUPS = (256, 128, 64, 32)
@@ -47,38 +51,44 @@ class _PackedLinear(nn.Module):
 
 
 class Int8WeightLinear(_PackedLinear):
-    """``y = x @ (q * scale).T + bias`` with ``q`` int8, through ``_weight_int8pack_mm`` per column group."""
+    """``y = x @ (q * scale).T + bias`` with ``q`` int8: vllite's compiled kernel at decode batch sizes; else torch's
+    ``_weight_int8pack_mm`` (one scale per channel, no compiled kernel) or, for prefill and group-wise scales without
+    the kernel, the weight dequantized for torch's matmul."""
 
-    qweight: torch.Tensor  # int8 [groups, out, group_size]
-    scales: torch.Tensor  # [groups, out], activation dtype
+    qweight: torch.Tensor  # int8 [out, groups * kernel_group], columns zero-padded
+    scales: torch.Tensor  # float32 [out, groups]
 
     def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
         super().__init__(qw, bias, dtype)
         if qw.bits != 8 or qw.zeros is not None:
             raise ModelLoadError("Int8WeightLinear takes symmetric 8-bit weights")
-        out_f, in_f = qw.shape
+        in_f = qw.shape[1]
         groups = qw.scales.shape[1]
-        padded = groups * qw.group_size
+        # One scale per channel is one group: padded with zero columns to the kernel's multiple of 32.
+        self.kernel_group = qw.group_size if groups > 1 else -(-in_f // GROUP_MULTIPLE) * GROUP_MULTIPLE
+        padded = groups * self.kernel_group
         q = torch.nn.functional.pad(qw.q, (0, padded - in_f)) if padded != in_f else qw.q
-        # [groups, out, group_size]: each group is a contiguous int8 matrix the kernel takes as is.
-        self.register_buffer("qweight", q.reshape(out_f, groups, qw.group_size).transpose(0, 1).contiguous())
-        self.register_buffer("scales", qw.scales.t().to(dtype).contiguous())  # [groups, out]
+        self.register_buffer("qweight", q.contiguous())
+        self.register_buffer("scales", qw.scales.to(torch.float32).contiguous())
+        self.dtype = dtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The packed matmul (activations in the scales' dtype)."""
-        x2 = self._prepare(x.to(self.scales.dtype))
-        groups, _, size = self.qweight.shape
-        if groups == 1:
-            y = torch.ops.aten._weight_int8pack_mm(x2, self.qweight[0], self.scales[0])
-        else:
-            padded = groups * size
-            if padded != self.in_features:
-                x2 = torch.nn.functional.pad(x2, (0, padded - self.in_features))
-            y = torch.ops.aten._weight_int8pack_mm(x2[:, :size].contiguous(), self.qweight[0], self.scales[0])
-            for g in range(1, groups):
-                part = x2[:, g * size : (g + 1) * size].contiguous()
-                y = y + torch.ops.aten._weight_int8pack_mm(part, self.qweight[g], self.scales[g])
-        return self._finish(y, x)
+        """The int8 matmul; the result in the activation dtype."""
+        x2 = self._prepare(x.to(self.dtype))
+        padded = self.qweight.shape[1]
+        if padded != self.in_features:
+            x2 = torch.nn.functional.pad(x2, (0, padded - self.in_features))
+        y = cpu_int8_linear.int8_linear(x2, self.qweight, self.scales, self.kernel_group)
+        if y is None:
+            y = self._torch_matmul(x2)
+        return self._finish(y.to(self.dtype), x)
+
+    def _torch_matmul(self, x2: torch.Tensor) -> torch.Tensor:
+        out_f, groups = self.scales.shape
+        if groups == 1 and x2.shape[0] <= cpu_int8_linear.MAX_ROWS:
+            return torch.ops.aten._weight_int8pack_mm(x2, self.qweight, self.scales[:, 0].to(x2.dtype))
+        weight = self.qweight.view(out_f, groups, self.kernel_group).to(torch.float32) * self.scales.unsqueeze(-1)
+        return torch.nn.functional.linear(x2, weight.view(out_f, -1).to(x2.dtype))
 
 
 class Int4WeightLinear(_PackedLinear):
