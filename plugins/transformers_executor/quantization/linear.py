@@ -1,14 +1,13 @@
 """Linear layers that keep their weight packed and multiply with fused CPU weight-only kernels.
 
 - :class:`Int8WeightLinear`: int8 weight ``[out, in]`` with one scale per output channel and column group, through
-  :mod:`vllite.kernels.cpu_int8_linear` at decode batch sizes (torch's ``_weight_int8pack_mm`` is slower than a
+  :mod:`vllite.kernels.cpu_weight_only` at decode batch sizes (torch's ``_weight_int8pack_mm`` is slower than a
   float32 matmul on AVX2 CPUs), dequantized into torch's matmul for prefill.
-- :class:`Int4WeightLinear`: ``torch.ops.aten._weight_int4pack_mm_for_cpu`` on the weight packed once by
-  ``_convert_weight_to_int4pack_for_cpu``; the kernel computes ``(q - 8) * scale + zero`` per group of 32, 64, 128
-  or 256 input columns, so a larger group (or one scale per channel) repeats its scale over kernel groups.
+- :class:`Int4WeightLinear`: codes 0..15 packed two per byte, ``(q - 8) * scale + zero`` per group of input columns
+  (a multiple of 32, or one scale per channel), through the same module's int4 kernel at decode batch sizes,
+  unpacked and dequantized into torch's matmul for prefill.
 
-The int4 layer keeps its scales in the activation dtype (torch's kernel requires it), the int8 layer in float32;
-accumulation is in float32 inside the kernels.
+Scales are float32, and so is accumulation inside the kernels; activations and results are in the model's dtype.
 """
 
 from __future__ import annotations
@@ -17,11 +16,9 @@ import torch
 from torch import nn
 
 from vllite.exceptions import ModelLoadError
-from vllite.kernels import cpu_int8_linear
-from vllite.kernels.cpu_int8_linear import GROUP_MULTIPLE
+from vllite.kernels import cpu_weight_only
+from vllite.kernels.cpu_weight_only import GROUP_MULTIPLE
 from vllite.plugins.transformers_executor.quantization.formats import QuantizedWeight
-
-_INT4_KERNEL_GROUPS = (256, 128, 64, 32)
 
 
 class _PackedLinear(nn.Module):
@@ -78,50 +75,62 @@ class Int8WeightLinear(_PackedLinear):
         padded = self.qweight.shape[1]
         if padded != self.in_features:
             x2 = torch.nn.functional.pad(x2, (0, padded - self.in_features))
-        y = cpu_int8_linear.int8_linear(x2, self.qweight, self.scales, self.kernel_group)
+        y = cpu_weight_only.int8_linear(x2, self.qweight, self.scales, self.kernel_group)
         if y is None:
             y = self._torch_matmul(x2)
         return self._finish(y.to(self.dtype), x)
 
     def _torch_matmul(self, x2: torch.Tensor) -> torch.Tensor:
         out_f, groups = self.scales.shape
-        if groups == 1 and x2.shape[0] <= cpu_int8_linear.MAX_ROWS:
+        if groups == 1 and x2.shape[0] <= cpu_weight_only.MAX_ROWS:
             return torch.ops.aten._weight_int8pack_mm(x2, self.qweight, self.scales[:, 0].to(x2.dtype))
         weight = self.qweight.view(out_f, groups, self.kernel_group).to(torch.float32) * self.scales.unsqueeze(-1)
         return torch.nn.functional.linear(x2, weight.view(out_f, -1).to(x2.dtype))
 
 
 class Int4WeightLinear(_PackedLinear):
-    """``y = x @ ((q - 8) * scale + zero).T + bias`` with ``q`` 0..15, through ``_weight_int4pack_mm_for_cpu``."""
+    """``y = x @ ((q - 8) * scale + zero).T + bias`` with ``q`` 0..15 packed two per byte: vllite's compiled kernel at
+    decode batch sizes, else the weight unpacked and dequantized for torch's matmul."""
 
-    qweight: torch.Tensor  # uint8, the kernel's packed layout
-    scales_and_zeros: torch.Tensor  # [in / kernel_group, out, 2], activation dtype
+    qweight: torch.Tensor  # uint8 [out, groups * kernel_group / 2], cpu_weight_only.pack_int4's layout
+    scales: torch.Tensor  # float32 [out, groups]
+    offsets: torch.Tensor  # float32 [out, groups]: zero - 8 * scale, so a weight is code * scale + offset
 
     def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
         super().__init__(qw, bias, dtype)
         if qw.bits != 4:
             raise ModelLoadError("Int4WeightLinear takes 4-bit weights")
         in_f = qw.shape[1]
-        kernel_group = next((g for g in _INT4_KERNEL_GROUPS if qw.group_size % g == 0 and in_f % g == 0), None)
-        if kernel_group is None:
+        groups = qw.scales.shape[1]
+        if groups > 1 and qw.group_size % GROUP_MULTIPLE:
             raise ModelLoadError(
-                f"a 4-bit layer of {in_f} input columns in groups of {qw.group_size} cannot run on the CPU int4 "
-                "kernel: the group size and the input width must be multiples of 32"
+                f"a 4-bit layer in groups of {qw.group_size} input columns cannot run on the CPU int4 kernel: the "
+                f"group size must be a multiple of {GROUP_MULTIPLE}"
             )
-        self.kernel_group = kernel_group
-        # Kernel group j covers columns [j*kg, (j+1)*kg), all inside checkpoint group (j*kg) // group_size.
-        index = torch.arange(in_f // kernel_group) * kernel_group // qw.group_size
-        scales = qw.scales[:, index]
-        zeros = torch.zeros_like(scales) if qw.zeros is None else qw.zeros[:, index]
-        self.register_buffer("scales_and_zeros", torch.stack([scales.t(), zeros.t()], dim=-1).to(dtype).contiguous())
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(qw.q.to(torch.int32).contiguous(), 1)
-        self.register_buffer("qweight", packed)
+        # One scale per channel is one group: padded to the kernel's multiple of 32 columns (zero activations there).
+        self.kernel_group = qw.group_size if groups > 1 else -(-in_f // GROUP_MULTIPLE) * GROUP_MULTIPLE
+        padded = groups * self.kernel_group
+        q = torch.nn.functional.pad(qw.q, (0, padded - in_f), value=8) if padded != in_f else qw.q
+        self.register_buffer("qweight", cpu_weight_only.pack_int4(q))
+        scales = qw.scales.to(torch.float32)
+        zeros = torch.zeros_like(scales) if qw.zeros is None else qw.zeros.to(torch.float32)
+        self.register_buffer("scales", scales.contiguous())
+        self.register_buffer("offsets", (zeros - 8 * scales).contiguous())
+        self.dtype = dtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The packed matmul (activations in the scales' dtype)."""
-        x2 = self._prepare(x.to(self.scales_and_zeros.dtype))
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.qweight, self.kernel_group, self.scales_and_zeros)
-        return self._finish(y, x)
+        """The int4 matmul; the result in the activation dtype."""
+        x2 = self._prepare(x.to(self.dtype))
+        padded = self.qweight.shape[1] * 2
+        if padded != self.in_features:
+            x2 = torch.nn.functional.pad(x2, (0, padded - self.in_features))
+        y = cpu_weight_only.int4_linear(x2, self.qweight, self.scales, self.offsets, self.kernel_group)
+        if y is None:
+            out_f, groups = self.scales.shape
+            codes = cpu_weight_only.unpack_int4(self.qweight).view(out_f, groups, self.kernel_group).to(torch.float32)
+            weight = codes * self.scales.unsqueeze(-1) + self.offsets.unsqueeze(-1)
+            y = torch.nn.functional.linear(x2, weight.view(out_f, -1).to(x2.dtype))
+        return self._finish(y.to(self.dtype), x)
 
 
 def packed_linear(qw: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype) -> _PackedLinear:
