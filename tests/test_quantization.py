@@ -21,7 +21,7 @@ import torch
 from tests.quant_checkpoints import dequantize_folder, make_llmcompressor, write_compressed_tensors, write_gptq
 from vllite import LLM, SamplingParams
 from vllite.exceptions import ModelLoadError, VlliteError
-from vllite.kernels import cpu_weight_only
+from vllite.kernels import cpu_linear
 from vllite.model_files import load_hf_config
 from vllite.plugins.transformers_executor.model_loader import load_model
 from vllite.plugins.transformers_executor.quantization import Int4WeightLinear, Int8WeightLinear
@@ -164,7 +164,7 @@ class _FusedCalls:
 
     def __enter__(self) -> _FusedCalls:
         for name in ("int8_linear", "int4_linear"):
-            self._patch.setattr(cpu_weight_only, name, self._counting(getattr(cpu_weight_only, name)))
+            self._patch.setattr(cpu_linear, name, self._counting(getattr(cpu_linear, name)))
         self._profiler.__enter__()
         return self
 

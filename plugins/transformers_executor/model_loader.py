@@ -169,6 +169,10 @@ def load_model(
     model.to(device)
     model.eval()
     model.requires_grad_(False)
+    if device.type == "cpu":
+        from vllite.plugins.transformers_executor.decode_linear import use_decode_linears
+
+        use_decode_linears(model)
     logger.info("Loaded %s from %s (%s on %s)", model_cls.__name__, path, dtype, device)
     return model
 

@@ -1,7 +1,7 @@
 """Linear layers that keep their weight packed and multiply with fused CPU weight-only kernels.
 
 - :class:`Int8WeightLinear`: int8 weight ``[out, in]`` with one scale per output channel and column group, through
-  :mod:`vllite.kernels.cpu_weight_only` at decode batch sizes (torch's ``_weight_int8pack_mm`` is slower than a
+  :mod:`vllite.kernels.cpu_linear` at decode batch sizes (torch's ``_weight_int8pack_mm`` is slower than a
   float32 matmul on AVX2 CPUs), dequantized into torch's matmul for prefill.
 - :class:`Int4WeightLinear`: codes 0..15 packed two per byte, ``(q - 8) * scale + zero`` per group of input columns
   (a multiple of 32, or one scale per channel), through the same module's int4 kernel at decode batch sizes,
@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from vllite.exceptions import ModelLoadError
-from vllite.kernels import cpu_weight_only
-from vllite.kernels.cpu_weight_only import GROUP_MULTIPLE
+from vllite.kernels import cpu_linear
+from vllite.kernels.cpu_linear import GROUP_MULTIPLE
 from vllite.plugins.transformers_executor.quantization.formats import QuantizedWeight
 
 
@@ -75,14 +75,14 @@ class Int8WeightLinear(_PackedLinear):
         padded = self.qweight.shape[1]
         if padded != self.in_features:
             x2 = torch.nn.functional.pad(x2, (0, padded - self.in_features))
-        y = cpu_weight_only.int8_linear(x2, self.qweight, self.scales, self.kernel_group)
+        y = cpu_linear.int8_linear(x2, self.qweight, self.scales, self.kernel_group)
         if y is None:
             y = self._torch_matmul(x2)
         return self._finish(y.to(self.dtype), x)
 
     def _torch_matmul(self, x2: torch.Tensor) -> torch.Tensor:
         out_f, groups = self.scales.shape
-        if groups == 1 and x2.shape[0] <= cpu_weight_only.MAX_ROWS:
+        if groups == 1 and x2.shape[0] <= cpu_linear.MAX_ROWS:
             return torch.ops.aten._weight_int8pack_mm(x2, self.qweight, self.scales[:, 0].to(x2.dtype))
         weight = self.qweight.view(out_f, groups, self.kernel_group).to(torch.float32) * self.scales.unsqueeze(-1)
         return torch.nn.functional.linear(x2, weight.view(out_f, -1).to(x2.dtype))
@@ -92,7 +92,7 @@ class Int4WeightLinear(_PackedLinear):
     """``y = x @ ((q - 8) * scale + zero).T + bias`` with ``q`` 0..15 packed two per byte: vllite's compiled kernel at
     decode batch sizes, else the weight unpacked and dequantized for torch's matmul."""
 
-    qweight: torch.Tensor  # uint8 [out, groups * kernel_group / 2], cpu_weight_only.pack_int4's layout
+    qweight: torch.Tensor  # uint8 [out, groups * kernel_group / 2], cpu_linear.pack_int4's layout
     scales: torch.Tensor  # float32 [out, groups]
     offsets: torch.Tensor  # float32 [out, groups]: zero - 8 * scale, so a weight is code * scale + offset
 
@@ -111,7 +111,7 @@ class Int4WeightLinear(_PackedLinear):
         self.kernel_group = qw.group_size if groups > 1 else -(-in_f // GROUP_MULTIPLE) * GROUP_MULTIPLE
         padded = groups * self.kernel_group
         q = torch.nn.functional.pad(qw.q, (0, padded - in_f), value=8) if padded != in_f else qw.q
-        self.register_buffer("qweight", cpu_weight_only.pack_int4(q))
+        self.register_buffer("qweight", cpu_linear.pack_int4(q))
         scales = qw.scales.to(torch.float32)
         zeros = torch.zeros_like(scales) if qw.zeros is None else qw.zeros.to(torch.float32)
         self.register_buffer("scales", scales.contiguous())
@@ -124,10 +124,10 @@ class Int4WeightLinear(_PackedLinear):
         padded = self.qweight.shape[1] * 2
         if padded != self.in_features:
             x2 = torch.nn.functional.pad(x2, (0, padded - self.in_features))
-        y = cpu_weight_only.int4_linear(x2, self.qweight, self.scales, self.offsets, self.kernel_group)
+        y = cpu_linear.int4_linear(x2, self.qweight, self.scales, self.offsets, self.kernel_group)
         if y is None:
             out_f, groups = self.scales.shape
-            codes = cpu_weight_only.unpack_int4(self.qweight).view(out_f, groups, self.kernel_group).to(torch.float32)
+            codes = cpu_linear.unpack_int4(self.qweight).view(out_f, groups, self.kernel_group).to(torch.float32)
             weight = codes * self.scales.unsqueeze(-1) + self.offsets.unsqueeze(-1)
             y = torch.nn.functional.linear(x2, weight.view(out_f, -1).to(x2.dtype))
         return self._finish(y.to(self.dtype), x)

@@ -1,4 +1,5 @@
-// The weight-only linear layers of vllite.kernels.cpu_weight_only (built there with torch.utils.cpp_extension), with
+// The decode-sized linear layers of vllite.kernels.cpu_linear (built there with torch.utils.cpp_extension): dense
+// float32 or bfloat16 weights (dense_linear, at the end), and weight-only int8 and int4 codes, with
 // x float32 [M, K], y float32 [M, N], one row of codes per output channel, K a multiple of the group size and the group
 // size a multiple of 32, scale (and offset) float32 [N, G]:
 //   int8: y[m, n] = sum_g scale[n, g] * sum_{k in g} x[m, k] * q[n, k]                       (q int8 [N, K])
@@ -14,6 +15,7 @@
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -92,6 +94,30 @@ void channel4(const float* x, const uint8_t* c, const float* scale, const float*
   }
   for (int m = 0; m < M; ++m) y[m * ldy] = hsum(total[m]) + fixed[m];
 }
+// float32 or bfloat16 weights (W = float or uint16_t holding bfloat16 bits), one group of the whole row, no scale.
+inline __m256 widen8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 widen8(const uint16_t* p) {
+  const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+}
+
+template <int M, int U, typename W>
+void channel_dense(const float* x, const W* w, int64_t K, float* y, int64_t ldy) {
+  __m256 acc[M][U];
+  for (int m = 0; m < M; ++m)
+    for (int u = 0; u < U; ++u) acc[m][u] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k += 8 * U) {
+    for (int u = 0; u < U; ++u) {
+      const __m256 v = widen8(w + k + 8 * u);
+      for (int m = 0; m < M; ++m) acc[m][u] = _mm256_fmadd_ps(v, _mm256_loadu_ps(x + m * K + k + 8 * u), acc[m][u]);
+    }
+  }
+  for (int m = 0; m < M; ++m) {
+    __m256 sum = acc[m][0];
+    for (int u = 1; u < U; ++u) sum = _mm256_add_ps(sum, acc[m][u]);
+    y[m * ldy] = hsum(sum);
+  }
+}
 #else
 template <int M, int U>
 void channel(const float* x, const int8_t* q, const float* scale, int64_t K, int64_t gs, int64_t G, float* y,
@@ -120,6 +146,22 @@ void channel4(const float* x, const uint8_t* c, const float* scale, const float*
       total += acc * scale[g] + offset[g] * xsum[m * G + g];
     }
     y[m * ldy] = total;
+  }
+}
+inline float widen1(float v) { return v; }
+inline float widen1(uint16_t v) {
+  const uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+template <int M, int U, typename W>
+void channel_dense(const float* x, const W* w, int64_t K, float* y, int64_t ldy) {
+  for (int m = 0; m < M; ++m) {
+    float acc = 0.f;
+    for (int64_t k = 0; k < K; ++k) acc += x[m * K + k] * widen1(w[k]);
+    y[m * ldy] = acc;
   }
 }
 #endif
@@ -198,4 +240,36 @@ void int4_linear(torch::Tensor y, torch::Tensor x, torch::Tensor codes, torch::T
       }
     }
   });
+}
+
+template <typename W>
+static void dense_rows(float* yp, const float* xp, const W* wp, int64_t M, int64_t K, int64_t N) {
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(K * static_cast<int64_t>(sizeof(W)), 1) * 2);
+  at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const W* wn = wp + n * K;
+      int64_t m = 0;
+      for (; m + 4 <= M; m += 4) channel_dense<4, 2>(xp + m * K, wn, K, yp + m * N + n, N);
+      switch (M - m) {
+        case 3: channel_dense<3, 2>(xp + m * K, wn, K, yp + m * N + n, N); break;
+        case 2: channel_dense<2, 4>(xp + m * K, wn, K, yp + m * N + n, N); break;
+        case 1: channel_dense<1, 4>(xp + m * K, wn, K, yp + m * N + n, N); break;
+        default: break;
+      }
+    }
+  });
+}
+
+// y = x @ w^T for a float32 or bfloat16 weight [N, K] (K a multiple of 32) and float32 x [M, K], y [M, N].
+void dense_linear(torch::Tensor y, torch::Tensor x, torch::Tensor w) {
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && y.dtype() == torch::kFloat32, "dense_linear: x and y must be float32");
+  TORCH_CHECK(w.dtype() == torch::kFloat32 || w.dtype() == torch::kBFloat16, "dense_linear: w must be float32 or bfloat16");
+  TORCH_CHECK(x.is_contiguous() && y.is_contiguous() && w.is_contiguous(), "dense_linear: tensors must be contiguous");
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  TORCH_CHECK(w.size(1) == K && K % 32 == 0 && y.size(0) == M && y.size(1) == N,
+              "dense_linear: w must be [N, K] with K a multiple of 32, y [M, N]");
+  if (w.dtype() == torch::kFloat32)
+    dense_rows(y.data_ptr<float>(), x.data_ptr<float>(), w.data_ptr<float>(), M, K, N);
+  else
+    dense_rows(y.data_ptr<float>(), x.data_ptr<float>(), reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), M, K, N);
 }
