@@ -29,9 +29,13 @@ def module_name(prefix: str, source: str) -> str:
     return prefix + hashlib.sha256("\0".join([source, *CFLAGS]).encode()).hexdigest()[:12]
 
 
-def load_cpp_module(name: str, declarations: str, source: str, functions: list[str], what: str) -> Any | None:
-    """The compiled module ``name`` (from an earlier build, else built now), or ``None`` when it cannot be built;
-    ``what`` names the kernel in the log lines."""
+def load_cpp_module(
+    name: str, declarations: str, source: str, functions: list[str], what: str, switch: str
+) -> Any | None:
+    """The compiled module ``name`` (from an earlier build, else built now), or ``None`` when it cannot be built or
+    the environment variable ``switch`` is ``0``; ``what`` names the kernel in the log lines."""
+    if os.environ.get(switch, "1") == "0":
+        return None
     built = _load_built(name)
     if built is not None:
         return built

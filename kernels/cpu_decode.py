@@ -26,7 +26,6 @@ found or the build fails, :func:`decode_kernel` returns ``None`` (logged once) a
 from __future__ import annotations
 
 import functools
-import os
 import pathlib
 from typing import Any
 
@@ -54,9 +53,10 @@ _NAME = module_name("vllite_cpu_decode_", _SOURCE)
 def decode_kernel() -> Any | None:
     """The compiled module (built on first use, about half a minute, then loaded from torch's extension cache), or
     ``None`` when it cannot be built or is turned off with ``VLLITE_CPU_DECODE_KERNEL=0``."""
-    if os.environ.get("VLLITE_CPU_DECODE_KERNEL", "1") == "0":
-        return None
-    return load_cpp_module(_NAME, _CPP_DECL, _SOURCE, ["paged_decode", "widen_fp8"], "the CPU decode-attention kernel")
+    functions = ["paged_decode", "widen_fp8"]
+    return load_cpp_module(
+        _NAME, _CPP_DECL, _SOURCE, functions, "the CPU decode-attention kernel", switch="VLLITE_CPU_DECODE_KERNEL"
+    )
 
 
 def paged_decode_attention(

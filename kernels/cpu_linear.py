@@ -20,7 +20,6 @@ low nibble, column ``j + 8`` in the high one). Built like the decode-attention k
 from __future__ import annotations
 
 import functools
-import os
 import pathlib
 from typing import Any
 
@@ -57,10 +56,10 @@ _NAME = module_name("vllite_cpu_linear_", _SOURCE)
 @functools.cache
 def linear_kernel() -> Any | None:
     """The compiled module (built on first use, then loaded from torch's extension cache), or ``None``."""
-    if os.environ.get("VLLITE_CPU_LINEAR_KERNEL", "1") == "0":
-        return None
     functions = ["int8_linear", "int4_linear", "dense_linear"]
-    return load_cpp_module(_NAME, _CPP_DECL, _SOURCE, functions, "the CPU linear kernels")
+    return load_cpp_module(
+        _NAME, _CPP_DECL, _SOURCE, functions, "the CPU linear kernels", switch="VLLITE_CPU_LINEAR_KERNEL"
+    )
 
 
 def _kernel_for(x: torch.Tensor, group_size: int) -> Any | None:
