@@ -3,7 +3,7 @@ and int4 ones.
 
 Decoding a few sequences reads every weight once per step and does little else with it, so a layer's time is the
 time to read its weights. torch's CPU kernels do not read at the memory's speed there: its float32 linear at one row
-reads about 11 GB/s on this AVX2 machine, which streams 33 GB/s; its weight-only kernels (``_weight_int8pack_mm``,
+reads about 11 GB/s on an AVX-512 AMD EPYC that streams 33 GB/s; its weight-only kernels (``_weight_int8pack_mm``,
 ``_weight_int4pack_mm_for_cpu``) are slower still than the float32 matmul they should beat (on a ~100M Llama: W8A16 at
 0.49x float32's decode speed at batch 1 and 0.11x at batch 8, W4A16 at 0.40x and 0.13x). These kernels
 (``cpu_linear.cpp``) read each weight once, widen it in registers against up to four activation rows, and, for

@@ -20,7 +20,6 @@ needs_kernel = pytest.mark.skipif(cpu_linear.linear_kernel() is None, reason="th
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
 def test_a_decode_linear_equals_nn_linear_at_every_batch_size(monkeypatch, dtype, bias):
-    monkeypatch.setattr(decode_linear, "cpu_has_native_bfloat16", lambda: False)
     torch.manual_seed(0)
     reference = nn.Linear(96, 40, bias=bias).to(dtype)
     model = nn.Sequential(nn.Linear(96, 40, bias=bias).to(dtype))
@@ -41,16 +40,15 @@ def test_a_decode_linear_equals_nn_linear_at_every_batch_size(monkeypatch, dtype
 
 
 @needs_kernel
-def test_only_the_layers_the_kernel_takes_are_converted(monkeypatch):
-    monkeypatch.setattr(decode_linear, "cpu_has_native_bfloat16", lambda: True)
+def test_only_the_layers_the_kernel_takes_are_converted():
     model = nn.Sequential(
         nn.Linear(64, 8),  # converted
         nn.Linear(40, 8),  # input width not a multiple of 32
-        nn.Linear(64, 8).to(torch.bfloat16),  # this CPU computes bfloat16 natively: oneDNN's kernels serve it
-        nn.Linear(64, 8).to(torch.float16),
+        nn.Linear(64, 8).to(torch.bfloat16),  # converted, up to BF16_MAX_ROWS rows
+        nn.Linear(64, 8).to(torch.float16),  # not a dtype the kernel reads
     )
-    assert use_decode_linears(model) == 1
-    assert [type(m) for m in model] == [DecodeLinear, nn.Linear, nn.Linear, nn.Linear]
+    assert use_decode_linears(model) == 2
+    assert [type(m) for m in model] == [DecodeLinear, nn.Linear, DecodeLinear, nn.Linear]
     assert isinstance(model[0], nn.Linear) and set(model[0].state_dict()) == {"weight", "bias"}
 
 

@@ -1,9 +1,10 @@
 """A model's float linear layers at decode batch sizes through vllite's compiled CPU kernel.
 
 At one to a few rows a linear layer's time is the time to read its weight, and torch's CPU linear reads it at about a
-third of the memory's speed there (on this AVX2 machine, one row: 11 of 33 GB/s; a decode step of a ~30M Llama spent
-10 of its 14 ms in it). :class:`DecodeLinear` is an ``nn.Linear`` (same parameters, same state dict, still an
-``nn.Linear`` to everything that inspects the model) whose forward sends inputs of up to ``max_rows`` rows to
+third of the memory's speed there (on this AMD EPYC with AVX-512 and AVX512-BF16, one row: 11 of 33 GB/s in float32,
+13 GB/s through oneDNN's native bfloat16; a decode step of a ~30M Llama spent 10 of its 14 ms in it).
+:class:`DecodeLinear` is an ``nn.Linear`` (same parameters, same state dict, still an ``nn.Linear`` to everything
+that inspects the model) whose forward sends inputs of up to ``max_rows`` rows to
 :func:`vllite.kernels.cpu_linear.dense_linear` and everything else (prefill) to torch. :func:`use_decode_linears`
 turns a loaded CPU model's float linears into it.
 """
@@ -17,14 +18,13 @@ import torch
 from torch import nn
 
 from vllite.kernels import cpu_linear
-from vllite.plugins.transformers_executor.model_loader import cpu_has_native_bfloat16
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["DecodeLinear", "use_decode_linears"]
 
-#: bfloat16 rows up to which the kernel beats torch's bfloat16 linear on a CPU without native bfloat16 (measured
-#: on a ~30M Llama's layers: 2.2x at one row, even at eight, slower at sixteen).
+#: bfloat16 rows up to which the kernel beats torch's bfloat16 linear (measured on a ~30M Llama's layers, on a CPU with
+#: AVX512-BF16: 2.2x at one row, 1.1x at four, even at eight, slower at sixteen).
 BF16_MAX_ROWS = 4
 
 
@@ -47,19 +47,15 @@ class DecodeLinear(nn.Linear):
 
 def use_decode_linears(model: nn.Module) -> int:
     """Turns ``model``'s float32 and bfloat16 ``nn.Linear`` layers (input width a multiple of 32, weight contiguous)
-    into :class:`DecodeLinear` in place and returns how many. None where the kernel is unavailable, and no bfloat16
-    layer where the CPU computes bfloat16 natively (oneDNN's kernels read at full speed there)."""
+    into :class:`DecodeLinear` in place and returns how many; none where the kernel is unavailable."""
     if cpu_linear.linear_kernel() is None:
         return 0
-    native_bf16 = cpu_has_native_bfloat16()
     count = 0
     for module in model.modules():
         if type(module) is not nn.Linear or module.in_features % cpu_linear.GROUP_MULTIPLE:
             continue
         weight = module.weight
         if not weight.is_contiguous() or weight.dtype not in (torch.float32, torch.bfloat16):
-            continue
-        if weight.dtype == torch.bfloat16 and native_bf16:
             continue
         module.__class__ = DecodeLinear
         if weight.dtype == torch.bfloat16:

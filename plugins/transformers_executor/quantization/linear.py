@@ -2,7 +2,7 @@
 
 - :class:`Int8WeightLinear`: int8 weight ``[out, in]`` with one scale per output channel and column group, through
   :mod:`vllite.kernels.cpu_linear` at decode batch sizes (torch's ``_weight_int8pack_mm`` is slower than a
-  float32 matmul on AVX2 CPUs), dequantized into torch's matmul for prefill.
+  float32 matmul on the AVX-512 AMD EPYC measured), dequantized into torch's matmul for prefill.
 - :class:`Int4WeightLinear`: codes 0..15 packed two per byte, ``(q - 8) * scale + zero`` per group of input columns
   (a multiple of 32, or one scale per channel), through the same module's int4 kernel at decode batch sizes,
   unpacked and dequantized into torch's matmul for prefill.
