@@ -12,6 +12,7 @@ import hashlib
 import importlib.util
 import logging
 import os
+import pathlib
 import shutil
 from typing import Any
 
@@ -29,13 +30,15 @@ def module_name(prefix: str, source: str) -> str:
     return prefix + hashlib.sha256("\0".join([source, *CFLAGS]).encode()).hexdigest()[:12]
 
 
-def load_cpp_module(
-    name: str, declarations: str, source: str, functions: list[str], what: str, switch: str
-) -> Any | None:
-    """The compiled module ``name`` (from an earlier build, else built now), or ``None`` when it cannot be built or
-    the environment variable ``switch`` is ``0``; ``what`` names the kernel in the log lines."""
+def load_cpp_module(source_file: str, declarations: str, functions: list[str], what: str, switch: str) -> Any | None:
+    """The compiled module of ``source_file`` (a C++ file beside this one; the module is ``vllite_<stem>_<hash>``),
+    from an earlier build, else built now; ``None`` when it cannot be built or the environment variable ``switch`` is
+    ``0``. ``what`` names the kernel in the log lines."""
     if os.environ.get(switch, "1") == "0":
         return None
+    path = pathlib.Path(__file__).parent / source_file
+    source = path.read_text()
+    name = module_name(f"vllite_{path.stem}_", source)
     built = _load_built(name)
     if built is not None:
         return built

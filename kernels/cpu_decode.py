@@ -26,18 +26,16 @@ found or the build fails, :func:`decode_kernel` returns ``None`` (logged once) a
 from __future__ import annotations
 
 import functools
-import pathlib
 from typing import Any
 
 import torch
 
-from vllite.kernels.cpp_build import load_cpp_module, module_name
+from vllite.kernels.cpp_build import load_cpp_module
 
 __all__ = ["decode_kernel", "paged_decode_attention", "widen_fp8"]
 
 _CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2)
 _QUERY_DTYPES = (torch.float32, torch.bfloat16)
-_SOURCE = (pathlib.Path(__file__).parent / "cpu_decode.cpp").read_text()
 _CPP_DECL = (
     "void paged_decode(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, "
     "torch::Tensor block_tables, torch::Tensor seq_lens, double scale, double k_scale, double v_scale);\n"
@@ -45,17 +43,16 @@ _CPP_DECL = (
 )
 
 
-#: The module name carries a hash of the source and flags, so a changed kernel is rebuilt, never loaded stale.
-_NAME = module_name("vllite_cpu_decode_", _SOURCE)
-
-
 @functools.cache
 def decode_kernel() -> Any | None:
     """The compiled module (built on first use, about half a minute, then loaded from torch's extension cache), or
     ``None`` when it cannot be built or is turned off with ``VLLITE_CPU_DECODE_KERNEL=0``."""
-    functions = ["paged_decode", "widen_fp8"]
     return load_cpp_module(
-        _NAME, _CPP_DECL, _SOURCE, functions, "the CPU decode-attention kernel", switch="VLLITE_CPU_DECODE_KERNEL"
+        "cpu_decode.cpp",
+        _CPP_DECL,
+        ["paged_decode", "widen_fp8"],
+        "the CPU decode-attention kernel",
+        switch="VLLITE_CPU_DECODE_KERNEL",
     )
 
 

@@ -20,12 +20,11 @@ low nibble, column ``j + 8`` in the high one). Built like the decode-attention k
 from __future__ import annotations
 
 import functools
-import pathlib
 from typing import Any
 
 import torch
 
-from vllite.kernels.cpp_build import load_cpp_module, module_name
+from vllite.kernels.cpp_build import load_cpp_module
 
 __all__ = [
     "GROUP_MULTIPLE",
@@ -43,22 +42,23 @@ MAX_ROWS = 16
 #: The group size must be a multiple of this (the inner loops widen 32 codes per step).
 GROUP_MULTIPLE = 32
 
-_SOURCE = (pathlib.Path(__file__).parent / "cpu_linear.cpp").read_text()
 _CPP_DECL = (
     "void int8_linear(torch::Tensor y, torch::Tensor x, torch::Tensor q, torch::Tensor scales, int64_t group_size);\n"
     "void int4_linear(torch::Tensor y, torch::Tensor x, torch::Tensor codes, torch::Tensor scales, "
     "torch::Tensor offsets, int64_t group_size);\n"
     "void dense_linear(torch::Tensor y, torch::Tensor x, torch::Tensor w);"
 )
-_NAME = module_name("vllite_cpu_linear_", _SOURCE)
 
 
 @functools.cache
 def linear_kernel() -> Any | None:
     """The compiled module (built on first use, then loaded from torch's extension cache), or ``None``."""
-    functions = ["int8_linear", "int4_linear", "dense_linear"]
     return load_cpp_module(
-        _NAME, _CPP_DECL, _SOURCE, functions, "the CPU linear kernels", switch="VLLITE_CPU_LINEAR_KERNEL"
+        "cpu_linear.cpp",
+        _CPP_DECL,
+        ["int8_linear", "int4_linear", "dense_linear"],
+        "the CPU linear kernels",
+        switch="VLLITE_CPU_LINEAR_KERNEL",
     )
 
 
