@@ -34,10 +34,16 @@ def _decode_case(num_seqs: int, heads: int, kv_heads: int, head_dim: int, block_
     return q, k, v, tables, torch.tensor(lens, dtype=torch.int32), torch.arange(num_seqs + 1, dtype=torch.int32)
 
 
-def test_the_kernel_builds_where_a_compiler_is_found():
+def test_the_kernel_builds_where_a_compiler_is_found(monkeypatch):
     if shutil.which("c++") is None:
         pytest.skip("no C++ compiler on this machine: decode uses the torch path")
-    assert cpu_decode.decode_kernel() is not None
+    monkeypatch.delenv("VLLITE_CPU_DECODE_KERNEL", raising=False)  # built even where this run switched it off
+    cpu_decode.decode_kernel.cache_clear()
+    try:
+        assert cpu_decode.decode_kernel() is not None
+    finally:
+        monkeypatch.undo()
+        cpu_decode.decode_kernel.cache_clear()
 
 
 @pytest.mark.parametrize(
