@@ -32,12 +32,9 @@ def build_checkpoints(root: Path, schemes: list[str]) -> dict[str, Path]:
     from llmcompressor.modifiers.quantization import QuantizationModifier
     from transformers import AutoModelForCausalLM
 
-    from vllite.testing import make_tiny_model
+    from vllite.testing import make_model
 
-    base = make_tiny_model(
-        "llama", root / "base", hidden_size=1024, num_layers=8, num_heads=16, num_kv_heads=8,
-        intermediate_size=2816, max_position_embeddings=2048,
-    )  # fmt: skip
+    base = make_model(root / "base", preset="100m")
     folders = {"unquantized": base}
     for scheme in schemes:
         model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)

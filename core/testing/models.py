@@ -108,8 +108,8 @@ def _available_archs() -> tuple[str, ...]:
 #: Architectures :func:`make_tiny_model` builds on the installed transformers version.
 SUPPORTED_TINY_ARCHS: tuple[str, ...] = _available_archs()
 
-#: Named sizes for :func:`make_model`. ``"30m"`` is a Llama of about 30M parameters (with the demo tokenizer's
-#: 4,096-token vocabulary), used by the throughput benchmark.
+#: Named sizes for :func:`make_model`. ``"30m"`` is a Llama of about 30M parameters and ``"100m"`` one of about
+#: 100M (hidden 1024, 8 layers; both with the demo tokenizer's 4,096-token vocabulary), used by the benchmarks.
 MODEL_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2},
     "30m": {
@@ -118,6 +118,14 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
         "num_heads": 8,
         "num_kv_heads": 4,
         "intermediate_size": 1536,
+        "max_position_embeddings": 2048,
+    },
+    "100m": {
+        "hidden_size": 1024,
+        "num_layers": 8,
+        "num_heads": 16,
+        "num_kv_heads": 8,
+        "intermediate_size": 2816,
         "max_position_embeddings": 2048,
     },
 }
