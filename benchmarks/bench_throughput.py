@@ -2,6 +2,7 @@
 
     python benchmarks/bench_throughput.py                       # demo model, 256 prompts x 128 new tokens
     python benchmarks/bench_throughput.py --model-preset 30m    # a ~30M-parameter random-weight Llama
+    python benchmarks/bench_throughput.py --model-preset 100m --dtype bfloat16   # ~100M (hidden 1024, 8 layers)
     python benchmarks/bench_throughput.py --workload mixed --vllm-python /tmp/vllm-venv/bin/python
 
 Workloads (random token ids, EOS ignored, greedy, every engine generates exactly the tokens asked for):
