@@ -182,6 +182,18 @@ class LineChild:
             self.proc.wait()
 
 
+def best_of(repeat: int, fn: Callable[[], object], *, warmup: int = 0) -> float:
+    """The fastest of ``repeat`` timed calls of ``fn``, in seconds, after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 # ---------------------------------------------------------------------------------------------------- rounds
 def alternate(
     runners: Mapping[K, Callable[[], float]], repeats: int, total: int, label: Callable[[K], str] = str

@@ -11,22 +11,12 @@ from __future__ import annotations
 
 import argparse
 import random
-import time
-from collections.abc import Callable
+
+import _common as common
 
 from vllite.kv_cache import KVCacheManager, get_hash_fn, get_request_block_hasher, hash_block_tokens
 from vllite.request import Request
 from vllite.sampling_params import SamplingParams
-
-
-def best_of(repeat: int, fn: Callable[[], None]) -> float:
-    """The fastest of ``repeat`` timed runs of ``fn``, in seconds."""
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def make_prompts(num: int, num_tokens: int, seed: int) -> list[list[int]]:
@@ -58,7 +48,7 @@ def bench_allocate(args: argparse.Namespace, hit: bool) -> float:
     else:
         batches = [build(p) for p in rounds[1:]]
     it = iter(batches)
-    seconds = best_of(args.repeat, lambda: run(next(it)))
+    seconds = common.best_of(args.repeat, lambda: run(next(it)))
     return seconds / (n * per_req) * 1e6
 
 
@@ -67,7 +57,7 @@ def bench_request_hasher(args: argparse.Namespace, algo: str) -> float:
     num_blocks = args.blocks_per_request * args.requests
     hasher = get_request_block_hasher(bs, get_hash_fn(algo))
     req = Request("h", make_prompts(1, num_blocks * bs, 0)[0], SamplingParams())
-    seconds = best_of(args.repeat, lambda: hasher(req))  # req.block_hashes stays empty: all blocks each run
+    seconds = common.best_of(args.repeat, lambda: hasher(req))  # req.block_hashes stays empty: all blocks each run
     return seconds / num_blocks * 1e6
 
 
@@ -80,7 +70,7 @@ def bench_hash_block_tokens(args: argparse.Namespace, algo: str) -> float:
         for block in blocks:
             parent = hash_block_tokens(fn, parent, block)
 
-    return best_of(args.repeat, run) / len(blocks) * 1e6
+    return common.best_of(args.repeat, run) / len(blocks) * 1e6
 
 
 def main() -> None:

@@ -11,24 +11,11 @@ after a warm-up, in GFLOP/s. The best square figure is the peak a throughput run
 from __future__ import annotations
 
 import argparse
-import time
-from collections.abc import Callable
 from functools import partial
 
+import _common as common
 import torch
 import torch.nn.functional as F
-
-
-def best_seconds(fn: Callable[[], object], repeats: int) -> float:
-    """The fastest of ``repeats`` timed calls of ``fn`` after three untimed ones."""
-    for _ in range(3):
-        fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def main() -> None:
@@ -49,13 +36,13 @@ def main() -> None:
         peak = 0.0
         for n in args.sizes:
             a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-            rate = 2 * n**3 / best_seconds(partial(torch.matmul, a, b), args.repeats) / 1e9
+            rate = 2 * n**3 / common.best_of(args.repeats, partial(torch.matmul, a, b), warmup=3) / 1e9
             peak = max(peak, rate)
             print(f"{name:9s} matmul {n}^3: {rate:7.0f} GFLOP/s")
         h, i = args.hidden, args.intermediate
         for k, n in ((h, i), (i, h), (h, h)):
             x, w = torch.randn(args.rows, k, dtype=dtype), torch.randn(n, k, dtype=dtype)
-            rate = 2 * args.rows * k * n / best_seconds(partial(F.linear, x, w), 4 * args.repeats) / 1e9
+            rate = 2 * args.rows * k * n / common.best_of(4 * args.repeats, partial(F.linear, x, w), warmup=3) / 1e9
             print(f"{name:9s} linear {args.rows}x{k} by {n}x{k}: {rate:7.0f} GFLOP/s")
         print(f"{name:9s} peak (best square matmul): {peak:.0f} GFLOP/s")
 

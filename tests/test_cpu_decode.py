@@ -6,11 +6,11 @@ is found, and ``VLLITE_CPU_DECODE_KERNEL=0`` turns it off."""
 from __future__ import annotations
 
 import random
-import shutil
 
 import pytest
 import torch
 
+from tests.kernel_support import assert_kernel_builds
 from vllite.kernels import PagedAttentionParams, cpu_decode
 from vllite.kernels.cpu_attention import paged_attention_cpu
 from vllite.kernels.reference import paged_attention_ref
@@ -35,15 +35,7 @@ def _decode_case(num_seqs: int, heads: int, kv_heads: int, head_dim: int, block_
 
 
 def test_the_kernel_builds_where_a_compiler_is_found(monkeypatch):
-    if shutil.which("c++") is None:
-        pytest.skip("no C++ compiler on this machine: decode uses the torch path")
-    monkeypatch.delenv("VLLITE_CPU_DECODE_KERNEL", raising=False)  # built even where this run switched it off
-    cpu_decode.decode_kernel.cache_clear()
-    try:
-        assert cpu_decode.decode_kernel() is not None
-    finally:
-        monkeypatch.undo()
-        cpu_decode.decode_kernel.cache_clear()
+    assert_kernel_builds(monkeypatch, cpu_decode.decode_kernel, "VLLITE_CPU_DECODE_KERNEL")
 
 
 @pytest.mark.parametrize(

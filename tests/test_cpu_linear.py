@@ -4,11 +4,10 @@ dequantized for torch's matmul) against the float reference."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
 
+from tests.kernel_support import assert_kernel_builds
 from vllite.kernels import cpu_linear
 from vllite.plugins.transformers_executor.quantization.formats import QuantizedWeight
 from vllite.plugins.transformers_executor.quantization.linear import Int4WeightLinear, Int8WeightLinear
@@ -59,15 +58,7 @@ needs_kernel = pytest.mark.skipif(cpu_linear.linear_kernel() is None, reason="th
 
 
 def test_the_kernel_builds_where_a_compiler_is_found(monkeypatch):
-    if shutil.which("c++") is None:
-        pytest.skip("no C++ compiler on this machine: linear layers use torch's kernels")
-    monkeypatch.delenv("VLLITE_CPU_LINEAR_KERNEL", raising=False)  # built even where this run switched it off
-    cpu_linear.linear_kernel.cache_clear()
-    try:
-        assert cpu_linear.linear_kernel() is not None
-    finally:
-        monkeypatch.undo()
-        cpu_linear.linear_kernel.cache_clear()
+    assert_kernel_builds(monkeypatch, cpu_linear.linear_kernel, "VLLITE_CPU_LINEAR_KERNEL")
 
 
 @pytest.mark.parametrize(("out_f", "in_f", "group_size"), [(48, 32, 32), (96, 256, 256), (80, 512, 128), (33, 96, 32)])
