@@ -221,11 +221,14 @@ def test_measured_figures_match_the_scripted_timing(usage, token_ids):
     for ttft in result["ttfts"]:  # the empty first chunk at t=0 does not count
         assert FIRST_DELAY <= ttft < FIRST_DELAY + SLACK
     gaps = [g for itl in result["itls"] for g in itl]
-    assert len(gaps) == 3 * 2 and all(GAP - 0.005 <= g < GAP + SLACK for g in gaps)
+    # A loaded machine can deliver a chunk late and the next one on time, shortening that gap (by 15 ms seen).
+    assert len(gaps) == 3 * 2 and all(GAP / 2 <= g < GAP + SLACK for g in gaps)
     for e2e in result["e2els"]:
         assert FIRST_DELAY + 2 * GAP <= e2e < FIRST_DELAY + 2 * GAP + 2 * SLACK
     # TPOT = (e2e - ttft) / (6 - 1) ≈ 2 gaps / 5 tokens = 40 ms (counting chunks instead of tokens would give 100)
-    assert 1000 * 2 * GAP / 5 <= result["mean_tpot_ms"] < 1000 * (2 * GAP + SLACK) / 5
+    tpots = [(e2e - ttft) / 5 for e2e, ttft in zip(result["e2els"], result["ttfts"], strict=True)]
+    assert result["mean_tpot_ms"] == pytest.approx(1000 * sum(tpots) / 3)
+    assert 1000 * GAP / 5 <= result["mean_tpot_ms"] < 1000 * (2 * GAP + SLACK) / 5
     assert result["total_input_tokens"] == 36 and result["total_output_tokens"] == 18
     assert result["output_throughput"] == pytest.approx(18 / result["duration"])
     bodies = seen.bodies
