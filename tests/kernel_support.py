@@ -3,21 +3,32 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 
 
-def assert_kernel_builds(monkeypatch: pytest.MonkeyPatch, loader: Callable[[], Any], switch: str) -> None:
-    """A machine with a C++ compiler builds the kernel ``loader`` (a cached loader) returns, even where this run turned
-    it off with the environment variable ``switch``; the loader's cache is cleared on the way in and out."""
+@contextmanager
+def kernel_switch(
+    monkeypatch: pytest.MonkeyPatch, loader: Callable[[], Any], variable: str, on: bool
+) -> Iterator[None]:
+    """The kernel ``loader`` (a cached loader) returns, turned on or off with the environment variable ``variable``
+    inside the block; the variable is restored and the loader's cache cleared on the way in and out."""
+    try:
+        with monkeypatch.context() as patch:
+            patch.setenv(variable, "1" if on else "0")
+            loader.cache_clear()  # type: ignore[attr-defined]
+            yield
+    finally:
+        loader.cache_clear()  # type: ignore[attr-defined]
+
+
+def assert_kernel_builds(monkeypatch: pytest.MonkeyPatch, loader: Callable[[], Any], variable: str) -> None:
+    """A machine with a C++ compiler builds the kernel ``loader`` returns, even where this run turned it off with
+    ``variable``."""
     if shutil.which("c++") is None:
         pytest.skip("no C++ compiler on this machine: the torch path is used")
-    monkeypatch.delenv(switch, raising=False)
-    loader.cache_clear()  # type: ignore[attr-defined]
-    try:
+    with kernel_switch(monkeypatch, loader, variable, on=True):
         assert loader() is not None
-    finally:
-        monkeypatch.undo()
-        loader.cache_clear()  # type: ignore[attr-defined]

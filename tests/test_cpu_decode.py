@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from tests.kernel_support import assert_kernel_builds
+from tests.kernel_support import assert_kernel_builds, kernel_switch
 from vllite.kernels import PagedAttentionParams, cpu_decode
 from vllite.kernels.cpu_attention import paged_attention_cpu
 from vllite.kernels.reference import paged_attention_ref
@@ -98,15 +98,10 @@ def test_bfloat16_cache_equals_the_float32_reference_on_the_same_values(
 
 
 def test_switched_off_it_leaves_decode_to_the_torch_path(monkeypatch):
-    monkeypatch.setenv("VLLITE_CPU_DECODE_KERNEL", "0")
-    cpu_decode.decode_kernel.cache_clear()
-    try:
+    with kernel_switch(monkeypatch, cpu_decode.decode_kernel, "VLLITE_CPU_DECODE_KERNEL", on=False):
         q, k, v, tables, lens, starts = _decode_case(5, 4, 2, 16, 16, seed=3)
         assert cpu_decode.paged_decode_attention(q, k, v, tables, lens, scale=0.25) is None
         params = PagedAttentionParams(tables, lens, starts, max_query_len=1, max_seq_len=300, scale=0.25)
         expected = paged_attention_ref(q, k, v, params)
         got = paged_attention_cpu(q, k, v, params)
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
-    finally:
-        monkeypatch.delenv("VLLITE_CPU_DECODE_KERNEL")
-        cpu_decode.decode_kernel.cache_clear()

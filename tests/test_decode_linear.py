@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from tests.kernel_support import kernel_switch
 from vllite import LLM, SamplingParams
 from vllite.kernels import cpu_linear
 from vllite.plugins.transformers_executor import decode_linear
@@ -53,13 +54,8 @@ def test_only_the_layers_the_kernel_takes_are_converted():
 
 
 def test_without_the_kernel_nothing_is_converted(monkeypatch):
-    monkeypatch.setenv("VLLITE_CPU_LINEAR_KERNEL", "0")
-    cpu_linear.linear_kernel.cache_clear()
-    try:
+    with kernel_switch(monkeypatch, cpu_linear.linear_kernel, "VLLITE_CPU_LINEAR_KERNEL", on=False):
         assert use_decode_linears(nn.Sequential(nn.Linear(64, 8))) == 0
-    finally:
-        monkeypatch.delenv("VLLITE_CPU_LINEAR_KERNEL")
-        cpu_linear.linear_kernel.cache_clear()
 
 
 @needs_kernel

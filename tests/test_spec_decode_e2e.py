@@ -156,8 +156,9 @@ def test_sampled_distribution_is_unchanged_by_drafts(monkeypatch):
     params = {"temperature": 1.0, "max_tokens": 8, "allowed_token_ids": vocab}
     base = _sample_tokens(model_dir, prompts, None, **params)
     spec = _sample_tokens(model_dir, prompts, _ngram(3), **params)
-    alpha = 1e-3 / 8
-    for position in range(1, 8):
+    positions = range(1, 8)
+    alpha = 1e-3 / (len(positions) + 1)  # the positions' tables and the pairs' table
+    for position in positions:
         table = np.array([[sum(t[position] == v for t in run) for v in vocab] for run in (base, spec)])
         table = table[:, table.sum(0) > 0]
         assert same_distribution(table, alpha), f"position {position}: {table.tolist()}"
