@@ -30,14 +30,25 @@ def module_name(prefix: str, source: str) -> str:
     return prefix + hashlib.sha256("\0".join([source, *CFLAGS]).encode()).hexdigest()[:12]
 
 
-def load_cpp_module(source_file: str, declarations: str, functions: list[str], what: str, switch: str) -> Any | None:
+def load_cpp_module(
+    source_file: str,
+    declarations: str,
+    functions: list[str] | None,
+    what: str,
+    switch: str,
+    *,
+    after: tuple[str, ...] = (),
+) -> Any | None:
     """The compiled module of ``source_file`` (a C++ file beside this one; the module is ``vllite_<stem>_<hash>``),
     from an earlier build, else built now; ``None`` when it cannot be built or the environment variable ``switch`` is
-    ``0``. ``what`` names the kernel in the log lines."""
+    ``0``. ``what`` names the kernel in the log lines. ``after`` names C++ files beside this one compiled first in
+    the same translation unit (``source_file`` uses their routines); ``functions=None`` means ``source_file`` binds
+    itself (its own ``PYBIND11_MODULE``)."""
     if os.environ.get(switch, "1") == "0":
         return None
-    path = pathlib.Path(__file__).parent / source_file
-    source = path.read_text()
+    here = pathlib.Path(__file__).parent
+    path = here / source_file
+    source = "\n".join([*((here / f).read_text() for f in after), path.read_text()])
     name = module_name(f"vllite_{path.stem}_", source)
     built = _load_built(name)
     if built is not None:
@@ -51,7 +62,7 @@ def load_cpp_module(source_file: str, declarations: str, functions: list[str], w
     try:
         return load_inline(
             name=name,
-            cpp_sources=[declarations, source],
+            cpp_sources=[declarations, source] if declarations else [source],
             functions=functions,
             extra_cflags=CFLAGS,
             extra_ldflags=["-fopenmp"],

@@ -274,6 +274,33 @@ static void attend_avx512(const float* q, float* o, const T* kp, const T* vp, co
 }
 #endif
 
+// Attention of one sequence's query heads of KV heads [h0, h1): the AVX-512 form where the CPU and head size allow it
+// (not for fp8), else the portable one.
+template <typename T>
+static void attend_any(const float* q, float* o, const T* kp, const T* vp, const int32_t* blocks, int64_t L, int64_t BS,
+                       int64_t Hkv, int64_t G, int64_t h0, int64_t h1, int64_t D, float scale, float v_scale,
+                       std::vector<float>& scores, std::vector<float>& acc, std::vector<float>& wide) {
+#if defined(__AVX512F__)
+  if constexpr (!kIsFp8<T>) {
+#define VLLITE_AVX512_CASE(C)                                                                  \
+  case C:                                                                                      \
+    attend_avx512<C, T>(q, o, kp, vp, blocks, L, BS, Hkv, G, h0, h1, scale, scores, acc);       \
+    return;
+    if (D % 16 == 0) {
+      switch (D / 16) {
+        VLLITE_AVX512_CASE(1) VLLITE_AVX512_CASE(2) VLLITE_AVX512_CASE(3) VLLITE_AVX512_CASE(4)
+        VLLITE_AVX512_CASE(5) VLLITE_AVX512_CASE(6) VLLITE_AVX512_CASE(7) VLLITE_AVX512_CASE(8)
+        default: break;
+      }
+    }
+#undef VLLITE_AVX512_CASE
+  }
+#endif
+  if (D == 64) attend<64, T>(q, o, kp, vp, blocks, L, BS, Hkv, G, h0, h1, D, scale, v_scale, scores, acc, wide);
+  else if (D == 128) attend<128, T>(q, o, kp, vp, blocks, L, BS, Hkv, G, h0, h1, D, scale, v_scale, scores, acc, wide);
+  else attend<0, T>(q, o, kp, vp, blocks, L, BS, Hkv, G, h0, h1, D, scale, v_scale, scores, acc, wide);
+}
+
 template <typename T>
 static void paged_decode_typed(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                                torch::Tensor block_tables, torch::Tensor seq_lens, double scale, double k_scale,
@@ -307,26 +334,7 @@ static void paged_decode_typed(torch::Tensor out, torch::Tensor q, torch::Tensor
       float* os = op + s * H * D;
       const int32_t* blocks = bt + s * MB;
       const int64_t L = sl[s];
-#if defined(__AVX512F__)
-      if constexpr (!kIsFp8<T>) {
-#define VLLITE_AVX512_CASE(C)                                                                   \
-  case C:                                                                                       \
-    attend_avx512<C, T>(qs, os, kp, vp, blocks, L, BS, Hkv, G, h0, h1, fscale, scores, acc);       \
-    continue;
-      if (D % 16 == 0) {
-        switch (D / 16) {
-          VLLITE_AVX512_CASE(1) VLLITE_AVX512_CASE(2) VLLITE_AVX512_CASE(3) VLLITE_AVX512_CASE(4)
-          VLLITE_AVX512_CASE(5) VLLITE_AVX512_CASE(6) VLLITE_AVX512_CASE(7) VLLITE_AVX512_CASE(8)
-          default: break;
-        }
-      }
-#undef VLLITE_AVX512_CASE
-      }
-#endif
-      if (D == 64) attend<64, T>(qs, os, kp, vp, blocks, L, BS, Hkv, G, h0, h1, D, fscale, vscale, scores, acc, wide);
-      else if (D == 128)
-        attend<128, T>(qs, os, kp, vp, blocks, L, BS, Hkv, G, h0, h1, D, fscale, vscale, scores, acc, wide);
-      else attend<0, T>(qs, os, kp, vp, blocks, L, BS, Hkv, G, h0, h1, D, fscale, vscale, scores, acc, wide);
+      attend_any<T>(qs, os, kp, vp, blocks, L, BS, Hkv, G, h0, h1, D, fscale, vscale, scores, acc, wide);
     }
   });
 }

@@ -23,6 +23,15 @@
 
 namespace {
 
+// One float32 or bfloat16 (its bits in a uint16_t) weight as float32.
+inline float widen1(float v) { return v; }
+inline float widen1(uint16_t v) {
+  const uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
 #if defined(__AVX2__) && defined(__FMA__)
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -147,13 +156,6 @@ void channel4(const float* x, const uint8_t* c, const float* scale, const float*
     }
     y[m * ldy] = total;
   }
-}
-inline float widen1(float v) { return v; }
-inline float widen1(uint16_t v) {
-  const uint32_t bits = static_cast<uint32_t>(v) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
 }
 
 template <int M, int U, typename W>
