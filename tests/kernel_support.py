@@ -32,3 +32,21 @@ def assert_kernel_builds(monkeypatch: pytest.MonkeyPatch, loader: Callable[[], A
         pytest.skip("no C++ compiler on this machine: the torch path is used")
     with kernel_switch(monkeypatch, loader, variable, on=True):
         assert loader() is not None
+
+
+def count_fused_steps(runner: Any) -> list[int]:
+    """The batch size of every decode step ``runner``'s compiled decode step serves from now on (a list that grows;
+    empty when the runner has none)."""
+    served: list[int] = []
+    fused = runner.fused_decoder
+    if fused is None:
+        return served
+
+    def counting(*args: Any) -> Any:
+        logits = fused(*args)
+        if logits is not None:
+            served.append(int(logits.shape[0]))
+        return logits
+
+    runner.fused_decoder = counting
+    return served

@@ -13,8 +13,10 @@ import random
 import pytest
 import torch
 
+from tests.kernel_support import count_fused_steps, kernel_switch
 from vllite import LLM, SamplingParams
 from vllite.kernels import cpu_attention, cpu_decode
+from vllite.kernels.cpu_decode_step import decode_step_kernel
 from vllite.plugins.transformers_executor import model_loader
 from vllite.plugins.transformers_executor.model_loader import resolve_dtype
 from vllite.testing import make_tiny_model_dir_cached
@@ -80,7 +82,10 @@ def _hf_greedy(model_dir: str, prompts: list[list[int]], dtype: torch.dtype) -> 
     return results
 
 
-def test_a_bfloat16_engine_agrees_with_hf_bfloat16_until_a_rounding_near_tie(monkeypatch):
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-step", "model-forward"])
+def test_a_bfloat16_engine_agrees_with_hf_bfloat16_until_a_rounding_near_tie(monkeypatch, fused):
+    """Both decode paths: the compiled decode step (fused_decode.py; batches of up to 4 in bfloat16, so the engine
+    runs 4 at a time) and the model's forward with the compiled attention kernel (the step switched off)."""
     monkeypatch.setenv("VLLITE_CPU_BF16", "1")
     model_dir = str(make_tiny_model_dir_cached("llama", dtype="bfloat16", hidden_size=128, seed=3))
     rng = random.Random(0)
@@ -94,13 +99,20 @@ def test_a_bfloat16_engine_agrees_with_hf_bfloat16_until_a_rounding_near_tie(mon
         return result
 
     monkeypatch.setattr(cpu_attention, "paged_decode_attention", counting)
-    llm = LLM(model=model_dir, dtype="auto", max_model_len=256, device="cpu")
-    executor = llm.llm_engine.engine_core.engine_core.model_executor  # in-process (VLLITE_ENABLE_MULTIPROCESSING=0)
-    assert next(executor.runner.model.parameters()).dtype == torch.bfloat16
-    assert executor.runner.kv_caches[0][0].dtype == torch.bfloat16
+    with kernel_switch(monkeypatch, decode_step_kernel, "VLLITE_CPU_DECODE_STEP", on=fused):
+        step_built = decode_step_kernel() is not None
+        llm = LLM(model=model_dir, dtype="auto", max_model_len=256, device="cpu", max_num_seqs=4)
+    runner = llm.llm_engine.engine_core.engine_core.model_executor.runner  # in-process (see tests/conftest.py)
+    assert next(runner.model.parameters()).dtype == torch.bfloat16
+    assert runner.kv_caches[0][0].dtype == torch.bfloat16
+    fused_steps = count_fused_steps(runner)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
-    if cpu_decode.decode_kernel() is not None:  # built here and not switched off (VLLITE_CPU_DECODE_KERNEL=0)
+    if step_built:  # fused, and the step builds here
+        assert len(fused_steps) >= MAX_TOKENS - 1, "bfloat16 decode must run in the compiled step"
+        assert not decode_calls
+    elif not fused and cpu_decode.decode_kernel() is not None:  # built here and not switched off
+        assert not fused_steps
         assert decode_calls and all(decode_calls), "bfloat16 decode must run in the compiled kernel"
 
     hf_bf16 = _hf_greedy(model_dir, prompts, torch.bfloat16)

@@ -10,6 +10,7 @@ from torch import nn
 from tests.kernel_support import kernel_switch
 from vllite import LLM, SamplingParams
 from vllite.kernels import cpu_linear
+from vllite.kernels.cpu_decode_step import decode_step_kernel
 from vllite.plugins.transformers_executor import decode_linear
 from vllite.plugins.transformers_executor.decode_linear import DecodeLinear, use_decode_linears
 from vllite.testing import make_tiny_model
@@ -61,9 +62,13 @@ def test_without_the_kernel_nothing_is_converted(monkeypatch):
 @needs_kernel
 def test_a_cpu_engine_decodes_through_the_kernel(tmp_path, monkeypatch):
     """The loaded model's projections and head are DecodeLinear, and its decode steps call the kernel (greedy
-    equality with Hugging Face is tests/test_generation_equivalence.py's, on the same path)."""
+    equality with Hugging Face is tests/test_generation_equivalence.py's, on the same path). The fused decode step,
+    which serves a Llama's decode steps without these modules, is off here."""
     folder = make_tiny_model("llama", tmp_path / "m", seed=4)
-    with LLM(str(folder), max_model_len=128, device="cpu") as llm:
+    with (
+        kernel_switch(monkeypatch, decode_step_kernel, "VLLITE_CPU_DECODE_STEP", on=False),
+        LLM(str(folder), max_model_len=128, device="cpu") as llm,
+    ):
         model = llm.llm_engine.engine_core.engine_core.model_executor.runner.model  # in-process
         converted = [name for name, m in model.named_modules() if isinstance(m, DecodeLinear)]
         assert converted and all(type(m) is not nn.Linear for m in model.modules())

@@ -361,6 +361,7 @@ def test_transformers_builds_no_attention_mask_for_our_path(
 
     for arch in ("llama", "gemma2"):  # gemma2 also has sliding-window layers
         ex = _executor(model_dirs[arch])
+        ex.runner.fused_decoder = None  # the model's forward serves the decode steps too (see test_fused_decode.py)
         monkeypatch.setitem(AttentionInterface._global_mapping, attention.ATTN_IMPLEMENTATION, spy)
         sched = ManualScheduler(4, 64)
         sched.add("a", list(range(3, 15)), max_tokens=2)

@@ -307,6 +307,7 @@ class DefaultExecutor(Executor):
             model.to("cpu")
         else:
             self.runner.model = None  # type: ignore[assignment]
+            self.runner.fused_decoder = None  # it holds the weights too
             del model
         gc.collect()
         if self.device.type == "cuda":

@@ -31,6 +31,7 @@ from vllite.kernels.kv_cache_dtype import is_fp8, kv_cache_torch_dtype
 from vllite.kv_connector.base import KVConnectorBase
 from vllite.lora import LoRARequest
 from vllite.plugins.transformers_executor.attention import AttentionMetadata, forward_context, kv_layer_name
+from vllite.plugins.transformers_executor.fused_decode import FusedDecoder, build_fused_decoder
 from vllite.plugins.transformers_executor.huge_pages import zeros_on_huge_pages
 from vllite.plugins.transformers_executor.input_batch import CachedRequestState, InputBatch
 from vllite.plugins.transformers_executor.kv_connector_step import execute_with_connector
@@ -109,6 +110,13 @@ class ModelRunner:
         self.lora: LoRAModelManager | None = None  # LoRA adapters (--enable-lora), applied inside the model
         if config.lora_config is not None:
             self.lora = LoRAModelManager(model, config.lora_config, device, dtype)
+        self.fused_decoder = self._build_fused_decoder(model)
+
+    def _build_fused_decoder(self, model: torch.nn.Module) -> FusedDecoder | None:
+        """The compiled decode step (fused_decode.py) for a CPU model without LoRA whose cache is in its dtype."""
+        if self.device.type != "cpu" or self.lora is not None or self.kv_cache_dtype != self.dtype:
+            return None
+        return build_fused_decoder(model, self.dtype, self.max_model_len)
 
     @staticmethod
     def _output_vocab_size(model: torch.nn.Module, spec: ModelSpec) -> int:
@@ -229,6 +237,7 @@ class ModelRunner:
         """Runs ``model`` (the same weights reloaded after a deep sleep) from now on, with the LoRA adapters that
         were loaded wrapped around it again."""
         self.model = model
+        self.fused_decoder = self._build_fused_decoder(model)
         if self.lora is not None:
             loaded = [self.lora.get_adapter(i) for i in sorted(self.lora.list_adapters())]
             self.lora = LoRAModelManager(model, self.config.lora_config, self.device, self.dtype)  # type: ignore[arg-type]
@@ -415,6 +424,12 @@ class ModelRunner:
     def _forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata, logits_indices: torch.Tensor
     ) -> torch.Tensor:
+        fused = self.fused_decoder
+        if fused is not None and self.kv_connector is None and logits_indices.numel() == md.num_tokens:
+            assert self._kv_buffer is not None
+            logits = fused(input_ids, positions, md, self._kv_buffer)
+            if logits is not None:
+                return logits
         kwargs: dict[str, Any] = {"input_ids": input_ids, "position_ids": positions, "use_cache": False}
         if self._accepts_logits_to_keep:
             kwargs["logits_to_keep"] = logits_indices
