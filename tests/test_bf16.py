@@ -84,8 +84,8 @@ def _hf_greedy(model_dir: str, prompts: list[list[int]], dtype: torch.dtype) -> 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused-step", "model-forward"])
 def test_a_bfloat16_engine_agrees_with_hf_bfloat16_until_a_rounding_near_tie(monkeypatch, fused):
-    """Both decode paths: the compiled decode step (fused_decode.py; batches of up to 4 in bfloat16, so the engine
-    runs 4 at a time) and the model's forward with the compiled attention kernel (the step switched off)."""
+    """Both decode paths: the compiled decode step (fused_decode.py; it takes all 16 sequences at once) and the
+    model's forward with the compiled attention kernel (the step switched off)."""
     monkeypatch.setenv("VLLITE_CPU_BF16", "1")
     model_dir = str(make_tiny_model_dir_cached("llama", dtype="bfloat16", hidden_size=128, seed=3))
     rng = random.Random(0)
@@ -101,7 +101,7 @@ def test_a_bfloat16_engine_agrees_with_hf_bfloat16_until_a_rounding_near_tie(mon
     monkeypatch.setattr(cpu_attention, "paged_decode_attention", counting)
     with kernel_switch(monkeypatch, decode_step_kernel, "VLLITE_CPU_DECODE_STEP", on=fused):
         step_built = decode_step_kernel() is not None
-        llm = LLM(model=model_dir, dtype="auto", max_model_len=256, device="cpu", max_num_seqs=4)
+        llm = LLM(model=model_dir, dtype="auto", max_model_len=256, device="cpu")
     runner = llm.llm_engine.engine_core.engine_core.model_executor.runner  # in-process (see tests/conftest.py)
     assert next(runner.model.parameters()).dtype == torch.bfloat16
     assert runner.kv_caches[0][0].dtype == torch.bfloat16
