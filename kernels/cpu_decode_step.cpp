@@ -151,7 +151,7 @@ class DecodeStep {
 #pragma omp parallel num_threads(requested)
     {
       const int team = omp_get_num_threads(), tid = omp_get_thread_num();
-      std::vector<float> xn(n * H), head(n * D), tmp(n), rotated(D), scores, acc, wide(Hkv * D);
+      std::vector<float> xn(n * H), head(n * D), tmp(n), up(n), rotated(D), scores, acc, wide(Hkv * D);
       {
         auto [c0, c1] = share(H, tid, team);
         for (int64_t m = 0; m < n; ++m)
@@ -201,7 +201,6 @@ class DecodeStep {
         rms_norm<kBf16>(x_.data(), n, H, w(L.post_norm), eps_, xn.data());
         {
           auto [c0, c1] = share(I, tid, team);
-          std::vector<float> up(n);
           for (int64_t c = c0; c < c1; ++c) {
             dot_rows(xn.data(), n, H, w(L.gate) + c * H, tmp.data(), 1);
             dot_rows(xn.data(), n, H, w(L.up) + c * H, up.data(), 1);

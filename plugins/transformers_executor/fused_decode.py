@@ -57,20 +57,24 @@ class FusedDecoder:
             return None
         logits = torch.empty(n, self.vocab_size, dtype=torch.float32)
         self._impl.step(
-            logits, input_ids.reshape(-1), positions.reshape(-1), md.slot_mapping, md.block_tables, md.seq_lens, kv_buffer
+            logits,
+            input_ids.reshape(-1),
+            positions.reshape(-1),
+            md.slot_mapping,
+            md.block_tables,
+            md.seq_lens,
+            kv_buffer,
         )
         return logits
 
 
-def _linear_weight(module: Any, dtype: torch.dtype, bias_allowed: bool) -> torch.Tensor | None:
-    """The weight of a plain float linear layer the kernel can read, else ``None``."""
+def _is_plain_linear(module: Any, dtype: torch.dtype, bias_allowed: bool) -> bool:
+    """Whether ``module`` is a plain ``dtype`` linear layer whose weight the kernel can read."""
     if type(module) not in (nn.Linear, DecodeLinear) or module.in_features % cpu_linear.GROUP_MULTIPLE:
-        return None
+        return False
     if module.weight.dtype != dtype or not module.weight.is_contiguous():
-        return None
-    if module.bias is not None and not bias_allowed:
-        return None
-    return module.weight.detach()
+        return False
+    return module.bias is None or bias_allowed
 
 
 def _unsupported_reason(model: Any, dtype: torch.dtype) -> str | None:
@@ -97,16 +101,16 @@ def _unsupported_reason(model: Any, dtype: torch.dtype) -> str | None:
         if getattr(owner, "sliding_window", None):
             return "a sliding window"
         for name in ("q_proj", "k_proj", "v_proj"):
-            if _linear_weight(getattr(attn, name), dtype, bias_allowed=True) is None:
+            if not _is_plain_linear(getattr(attn, name), dtype, bias_allowed=True):
                 return f"self_attn.{name} is not a plain {dtype} linear"
         for owner, name in ((attn, "o_proj"), (mlp, "gate_proj"), (mlp, "up_proj"), (mlp, "down_proj")):
-            if _linear_weight(getattr(owner, name), dtype, bias_allowed=False) is None:
+            if not _is_plain_linear(getattr(owner, name), dtype, bias_allowed=False):
                 return f"{name} is not a plain {dtype} linear without bias"
         for norm in (layer.input_layernorm, layer.post_attention_layernorm):
             if not type(norm).__name__.endswith("RMSNorm") or norm.weight.dtype != dtype:
                 return f"norm {type(norm).__name__}"
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if head is None or _linear_weight(head, dtype, bias_allowed=False) is None:
+    if head is None or not _is_plain_linear(head, dtype, bias_allowed=False):
         return "the LM head is not a plain linear"
     if inner.embed_tokens.weight.dtype != dtype:
         return "embedding dtype"
