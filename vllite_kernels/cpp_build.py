@@ -2,7 +2,8 @@
 
 Each kernel module is compiled with ``torch.utils.cpp_extension.load_inline`` (the C++ compiler torch was built with,
 ``-march=native``) under a name that carries a hash of its source and flags, so a changed kernel is rebuilt, never
-loaded stale. When no compiler is found or the build fails, :func:`load_cpp_module` returns ``None`` (logged once
+loaded stale. A build is announced (which kernel, that it happens once) and timed at INFO, shown also where logging
+is not set up. When no compiler is found or the build fails, :func:`load_cpp_module` returns ``None`` (logged once
 by its cached caller) and the caller serves the torch path.
 """
 
@@ -14,6 +15,7 @@ import logging
 import os
 import pathlib
 import shutil
+import time
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -56,11 +58,17 @@ def load_cpp_module(
     if shutil.which(os.environ.get("CXX", "c++")) is None:
         logger.warning("No C++ compiler found: %s uses the torch path.", what)
         return None
-    from torch.utils.cpp_extension import load_inline
+    from torch.utils.cpp_extension import _get_build_directory, load_inline
 
-    logger.info("Building %s %s (once per machine, about half a minute)", what, name)
+    log = _build_logger()
+    log.info(
+        "Compiling %s (%s) with the C++ compiler: this happens once per machine and can take a few minutes; later "
+        "runs load it from %s.",
+        what, name, _get_build_directory(name, verbose=False),
+    )  # fmt: skip
+    start = time.monotonic()
     try:
-        return load_inline(
+        module = load_inline(
             name=name,
             cpp_sources=[declarations, source] if declarations else [source],
             functions=functions,
@@ -68,8 +76,23 @@ def load_cpp_module(
             extra_ldflags=["-fopenmp"],
         )
     except Exception as exc:  # a broken toolchain must not take the engine down: the torch path still works
-        logger.warning("Building %s failed (%s); using the torch path.", what, exc)
+        log.warning("Compiling %s failed after %.1f s (%s); using the torch path.", what, time.monotonic() - start, exc)
         return None
+    log.info("Compiled %s in %.1f s.", what, time.monotonic() - start)
+    return module
+
+
+def _build_logger() -> logging.Logger:
+    """This module's logger, made to show its INFO lines: a first build takes minutes, and a silent start-up looks
+    like a hang. Its level becomes INFO unless one was set for it, and where no handler would print the lines
+    (nothing configured logging, as under the ``vllite`` CLI) they go to standard error."""
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.INFO)
+    if not logger.hasHandlers():
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [vllite.kernels] %(message)s"))
+        logger.addHandler(handler)
+    return logger
 
 
 def _load_built(name: str) -> Any | None:
