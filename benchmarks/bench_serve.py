@@ -157,7 +157,7 @@ def vllm_client(args: argparse.Namespace, url: str, name: str, round_index: int)
                "--max-concurrency", str(args.max_concurrency), "--request-rate", str(args.request_rate),
                "--ignore-eos", "--seed", str(args.seed), "--disable-tqdm", "--save-result",
                "--result-dir", str(Path(args.output_dir).resolve()), "--result-filename", filename]  # fmt: skip
-    # From outside the checkout: vLLM would otherwise import its kernels/ folder as the ``kernels`` package.
+    # From outside the checkout: nothing in it may shadow a package vLLM imports (vllite's kernels folder once did).
     subprocess.run(command, check=True, cwd="/", stdout=subprocess.DEVNULL)
     figures = json.loads((Path(args.output_dir) / filename).read_text())
     figures["failed"] = figures.get("failed", figures["num_prompts"] - figures["completed"])

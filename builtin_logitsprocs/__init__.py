@@ -1,4 +1,5 @@
-"""The builtin logits processors: min-p, logit bias, min tokens, the thinking budget and bad words.
+"""The builtin logits processors: min-p, logit bias, min tokens, the thinking budget, bad words and repetition
+detection in the reasoning section.
 
 They are ordinary plugins (see :mod:`vllite.builtin_logitsprocs.plugin`), and the engine reaches them
 through the plugin registry. The classes are loaded on first attribute access, so importing the package
@@ -16,6 +17,7 @@ _LAZY = {
     "MinPLogitsProcessor": "min_p",
     "ThinkingBudgetLogitsProcessor": "thinking_budget",
     "BadWordsLogitsProcessor": "bad_words",
+    "RepetitionDetectionLogitsProcessor": "repetition_detection",
 }
 
 __all__ = [*_LAZY, "BUILTIN_LOGITS_PROCESSORS"]
@@ -23,7 +25,8 @@ __all__ = [*_LAZY, "BUILTIN_LOGITS_PROCESSORS"]
 
 def __getattr__(name: str) -> Any:
     if name == "BUILTIN_LOGITS_PROCESSORS":
-        # Construction order, as in vLLM: min tokens, logit bias, min-p; then the thinking budget and bad words.
+        # Construction order, as in vLLM: min tokens, logit bias, min-p; then the thinking budget, bad words and
+        # repetition detection.
         value: Any = [__getattr__(cls_name) for cls_name in _LAZY]
     elif name in _LAZY:
         value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)

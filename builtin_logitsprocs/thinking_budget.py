@@ -108,11 +108,13 @@ class ThinkState:
 
     def _check_budget(self) -> None:
         if self.in_think and not self.in_end and self.think_count >= self.budget:
-            self.in_end = True
-            # An end marker the model already began counts: continue it instead of starting over.
-            self.end_count = next(
-                (k for k in range(len(self.end_ids) - 1, 0, -1) if self._ends_with(self.end_ids[:k])), 0
-            )
+            self.force_end()
+
+    def force_end(self) -> None:
+        """Starts forcing the end marker from the next token (the budget is spent, or the section must end)."""
+        self.in_end = True
+        # An end marker the model already began counts: continue it instead of starting over.
+        self.end_count = next((k for k in range(len(self.end_ids) - 1, 0, -1) if self._ends_with(self.end_ids[:k])), 0)
 
     def advance(self) -> None:
         """Consumes the output tokens appended since the last call."""

@@ -18,6 +18,7 @@ import dataclasses
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -35,6 +36,9 @@ DTYPES = ("auto", "float32", "bfloat16", "float16", "half", "float")  # half, fl
 HASH_ALGOS = ("sha256", "fast")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's; fp8 = fp8_e4m3 (vllite.kernels.kv_cache_dtype)
 DP_ROUTINGS = ("load", "prefix")
+LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
+#: vLLM's switch for counting NaN logits per request (``num_nans_in_logits``, ``corrupted_requests``); both read.
+COMPUTE_NANS_ENVS = ("VLLITE_COMPUTE_NANS_IN_LOGITS", "VLLM_COMPUTE_NANS_IN_LOGITS")
 # Token budget per step when the user gives none (vLLM's default with chunked prefill).
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 RUNNERS = ("auto", "generate", "pooling")
@@ -78,6 +82,13 @@ class ModelConfig:
     runner: str = "auto"
     convert: str = "auto"
     pooler_config: dict[str, Any] | None = None
+    # vLLM's --enable-sleep-mode: sleep (levels 1 and 2) and wake_up are allowed only when the engine starts with it.
+    enable_sleep_mode: bool = False
+    # Accept ``prompt_embeds`` inputs (vLLM's --enable-prompt-embeds): prompts given as embedding rows.
+    enable_prompt_embeds: bool = False
+    # What sampled-token logprobs hold (vLLM's --logprobs-mode, one of LOGPROBS_MODES): raw = from the model's
+    # logits, processed = from those sampled from (processors, penalties, temperature, top-k/p applied).
+    logprobs_mode: str = "raw_logprobs"
 
     # transformers' config of the model folder (what vLLM plugins read as ``model_config.hf_config``): read
     # once when the config is created, if the folder has a config.json; the executor reports a missing one.
@@ -153,6 +164,15 @@ class SchedulerConfig:
     policy_args: dict[str, Any] = field(default_factory=dict)
     # Frontend: a streamed request's outputs are handed out every this many tokens (and at its first and last).
     stream_interval: int = 1
+    # Admission gates (vLLM's names and defaults): admit a waiting request only when its whole current sequence
+    # fits in the free KV blocks, not just its first prefill chunk; and keep this fraction of all KV blocks free
+    # when admitting while other requests run (0: no watermark).
+    scheduler_reserve_full_isl: bool = True
+    watermark: float = 0.0
+    # Frontend admission control (vLLM's): refuse a request with HTTP 503 when the requests in flight plus its n
+    # would exceed max_num_queued_reqs, or the prompt tokens waiting for a first token reach max_num_queued_tokens.
+    max_num_queued_reqs: int | None = None  # None: no limit
+    max_num_queued_tokens: int | None = None
 
     @property
     def scheduler_name(self) -> str:
@@ -208,9 +228,16 @@ class ParallelConfig:
 
 @dataclass(frozen=True)
 class ObservabilityConfig:
-    """Stats and tracing switches."""
+    """Stats and tracing switches.
+
+    ``compute_nans_in_logits`` (``$VLLITE_COMPUTE_NANS_IN_LOGITS`` or vLLM's ``$VLLM_COMPUTE_NANS_IN_LOGITS``):
+    the executor counts each request's NaN logits. ``enable_logging_iteration_details`` (vLLM's flag): the engine
+    logs each step's context and generation requests and tokens, and its time.
+    """
 
     log_stats: bool = False
+    compute_nans_in_logits: bool = field(default_factory=lambda: compute_nans_in_logits_from_env())
+    enable_logging_iteration_details: bool = False
 
 
 @dataclass(frozen=True)
@@ -246,13 +273,18 @@ class EngineConfig:
         state["logits_processors"] = [_as_class_path(item) for item in self.logits_processors]
         return state
 
-    def with_limits(self, max_model_len: int, num_gpu_blocks: int | None = None) -> EngineConfig:
+    def with_limits(
+        self, max_model_len: int, num_gpu_blocks: int | None = None, *, dtype: str | None = None
+    ) -> EngineConfig:
         """A copy with the context length and KV block count the engine settled on, the token budget that
-        follows from them, and ``device_config.device`` resolved (``"auto"`` becomes ``"cuda"`` or ``"cpu"``); the
-        engine's parts (scheduler, runner, plugins) read this copy. This config is unchanged. ``ValueError`` when
-        the token budget cannot hold one full-length prompt without chunking."""
+        follows from them, ``device_config.device`` resolved (``"auto"`` becomes ``"cuda"`` or ``"cpu"``) and, when
+        given, the ``dtype`` that ``model_config.dtype`` resolved to; the engine's parts (scheduler, runner, plugins)
+        read this copy. This config is unchanged. ``ValueError`` when the token budget cannot hold one full-length
+        prompt without chunking."""
         budget = self._token_budget(max_model_len)
         model_config = dataclasses.replace(self.model_config, max_model_len=max_model_len)
+        if dtype:
+            model_config = dataclasses.replace(model_config, dtype=dtype)
         device_config = self.device_config
         if device_config.device == "auto":
             device_config = DeviceConfig(device=device_config.device_type)
@@ -360,8 +392,24 @@ class EngineArgs:
     max_logprobs: int = field(
         default=20, metadata=_help("Most logprobs / prompt_logprobs a request may ask for (-1: the whole vocabulary).")
     )
+    logprobs_mode: str = field(
+        default="raw_logprobs",
+        metadata=_help(
+            "What sampled-token logprobs hold: raw_* from the model's logits, processed_* from the ones sampled from "
+            "(after logits processors, penalties, temperature, top-k/top-p); *_logits unnormalized. Prompt logprobs "
+            "are always raw logprobs.",
+            choices=LOGPROBS_MODES,
+        ),
+    )
     trust_remote_code: bool = field(default=False, metadata=_help("Allow model code from the model folder."))
+    enable_sleep_mode: bool = field(
+        default=False,
+        metadata=_help("Allow sleep (levels 1, 2) and wake_up: LLM.sleep(), the dev-mode /sleep and /wake_up routes."),
+    )
     skip_tokenizer_init: bool = field(default=False, metadata=_help("Token ids in and out; no tokenizer."))
+    enable_prompt_embeds: bool = field(
+        default=False, metadata=_help("Accept prompt_embeds inputs (embedding rows instead of token ids).")
+    )
     block_size: int = field(default=16, metadata=_help("Tokens per KV-cache block."))
     enable_prefix_caching: bool = field(default=True, metadata=_help("Reuse KV blocks of shared prefixes."))
     prefix_caching_hash_algo: str = field(
@@ -387,6 +435,22 @@ class EngineArgs:
     max_num_batched_tokens: int | None = field(default=None, metadata=_help("Token budget per step."))
     enable_chunked_prefill: bool = field(default=True, metadata=_help("Split long prompts across steps."))
     long_prefill_token_threshold: int = field(default=0, metadata=_help("Cap on one prompt's tokens per step."))
+    scheduler_reserve_full_isl: bool = field(
+        default=True,
+        metadata=_help("Admit a waiting request only if its whole prompt fits in free KV blocks, not one chunk."),
+    )
+    watermark: float = field(
+        default=0.0,
+        metadata=_help("Fraction of KV blocks kept free when admitting while others run, in [0, 1) (0: off)."),
+    )
+    max_num_queued_reqs: int | None = field(
+        default=None,
+        metadata=_help("Refuse a request (HTTP 503) when the requests in flight plus its n would exceed this."),
+    )
+    max_num_queued_tokens: int | None = field(
+        default=None,
+        metadata=_help("Refuse a request (HTTP 503) when prompt tokens waiting for a first token reach this."),
+    )
     scheduler_cls: str | None = field(
         default=None, metadata=_help("Scheduler: a registered name (fcfs, priority, ...) or pkg.mod:Class.")
     )
@@ -421,6 +485,9 @@ class EngineArgs:
     device: str = field(default="auto", metadata=_help("Device: auto, cpu, cuda, or a registered executor's."))
     executor: str = field(default="default", metadata=_help("Executor plugin name."))
     disable_log_stats: bool = field(default=True, metadata=_help("Do not collect per-step stats."))
+    enable_logging_iteration_details: bool = field(
+        default=False, metadata=_help("Log each step's context/generation requests and tokens and its time.")
+    )
     kv_transfer_config: Any = field(
         default=None,
         metadata=_help(
@@ -566,7 +633,10 @@ class EngineArgs:
                 dp_cpus_per_engine=self.dp_cpus_per_engine,
                 worker_extension_cls=self.worker_extension_cls,
             ),
-            observability_config=ObservabilityConfig(log_stats=not self.disable_log_stats),
+            observability_config=ObservabilityConfig(
+                log_stats=not self.disable_log_stats,
+                enable_logging_iteration_details=self.enable_logging_iteration_details,
+            ),
             executor=self.executor,
             logits_processors=list(self.logits_processors or []),
             plugin_config=dict(self.plugin_config),
@@ -604,12 +674,15 @@ class EngineArgs:
             max_model_len=self.max_model_len,
             seed=self.seed,
             max_logprobs=self.max_logprobs,
+            logprobs_mode=self.logprobs_mode,
             trust_remote_code=self.trust_remote_code,
             skip_tokenizer_init=self.skip_tokenizer_init,
             generation_config=self.generation_config,
             runner=self.runner,
             convert=self.convert,
             pooler_config=self.pooler_config,
+            enable_sleep_mode=self.enable_sleep_mode,
+            enable_prompt_embeds=self.enable_prompt_embeds,
         )
 
     def _lora_config(self) -> LoRAConfig | None:
@@ -631,6 +704,10 @@ class EngineArgs:
             tool_call_estimator=self.tool_call_estimator,
             policy_args=dict(self.policy_args),
             stream_interval=self.stream_interval,
+            scheduler_reserve_full_isl=self.scheduler_reserve_full_isl,
+            watermark=float(self.watermark),
+            max_num_queued_reqs=self.max_num_queued_reqs,
+            max_num_queued_tokens=self.max_num_queued_tokens,
         )
 
     def _check_combinations(self, config: EngineConfig) -> None:
@@ -670,6 +747,26 @@ class EngineArgs:
         except TypeError as exc:  # a field of the wrong type the dataclass refused
             raise ValueError(f"kv_transfer_config is invalid: {exc}.") from None
 
+    def _check_logprobs_mode(self) -> None:
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(
+                f"logprobs_mode (--logprobs-mode) must be one of {', '.join(LOGPROBS_MODES)}, "
+                f"got {self.logprobs_mode!r}."
+            )
+        if self.logprobs_mode.startswith("processed") and self.speculative_config is not None:
+            raise ValueError(
+                f"logprobs_mode={self.logprobs_mode} cannot be combined with speculative_config yet: the verification "
+                "step returns raw logprobs only; use raw_logprobs or raw_logits."
+            )
+
+    def _check_admission_limits(self) -> None:
+        """``max_num_queued_reqs`` / ``max_num_queued_tokens``: None (no limit) or >= 0; ``ValueError`` naming it."""
+        for name in ("max_num_queued_reqs", "max_num_queued_tokens"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{name} ({flag}) must be >= 0 (or unset: no limit), got {value!r}.")
+
     def _validate(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}.")
@@ -695,6 +792,7 @@ class EngineArgs:
                 f"--kv-cache-dtype {self.kv_cache_dtype} cannot be combined with a KV connector "
                 "(--kv-transfer-config / --kv-offload-size): the connectors copy float KV blocks, not fp8 ones."
             )
+        self._check_logprobs_mode()
         if self.dp_routing not in DP_ROUTINGS:
             raise ValueError(f"dp_routing must be one of {', '.join(DP_ROUTINGS)}, got {self.dp_routing!r}.")
         for name in ("block_size", "max_num_seqs", "batch_queue_depth", "stream_interval", "data_parallel_size"):
@@ -704,6 +802,14 @@ class EngineArgs:
                 _positive(name, getattr(self, name))
         if self.long_prefill_token_threshold < 0:
             raise ValueError(f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}.")
+        self._check_admission_limits()
+        watermark = self.watermark
+        if isinstance(watermark, bool) or not isinstance(watermark, (int, float)) or not 0 <= watermark < 1:
+            raise ValueError(f"watermark must be a number in [0, 1) (a fraction of the KV blocks), got {watermark!r}.")
+        if not isinstance(self.scheduler_reserve_full_isl, bool):
+            raise ValueError(
+                f"scheduler_reserve_full_isl must be True or False, got {self.scheduler_reserve_full_isl!r}."
+            )
         if self.gpu_memory_utilization is not None and not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.")
         if self.scheduler_cls is None:
@@ -716,6 +822,13 @@ class EngineArgs:
                     f"scheduling_policy must be a registered scheduler ({', '.join(sorted(policies))}), "
                     f"got {self.scheduling_policy!r}."
                 )
+
+
+def compute_nans_in_logits_from_env(env: Mapping[str, str] | None = None) -> bool:
+    """Whether ``$VLLITE_COMPUTE_NANS_IN_LOGITS`` (else vLLM's ``$VLLM_COMPUTE_NANS_IN_LOGITS``) is 1 or true."""
+    env = os.environ if env is None else env
+    value = next((env[name] for name in COMPUTE_NANS_ENVS if name in env), "")
+    return value.strip().lower() in ("1", "true")
 
 
 def executor_name(executor: str, device: str) -> str:

@@ -27,7 +27,8 @@ The hierarchy (a class in brackets is a second base, kept so that callers catchi
     │   (a run-batch line that cannot run: its error record)
     ├── the HTTP server's, one per status: BadRequestError [ValueError] (400) ── RealtimeEventError (an error
     │   event on a /v1/realtime connection), UnauthorizedError (401),
-    │   ModelNotFoundError (404) ── LoRANotFoundError, ResponseNotFoundError (404), RequestFailedError (500)
+    │   ModelNotFoundError (404) ── LoRANotFoundError, ResponseNotFoundError (404), RequestFailedError (500),
+    │   AdmissionRejectedError (503) ── QueueOverflowError, MaxQueuedTokensError
     └── UpstreamError (the disaggregation proxy could not reach a server: it answers 502)
 """
 
@@ -320,6 +321,37 @@ class UnauthorizedError(VlliteError):
 class UpstreamError(VlliteError):
     """A server of a disaggregation proxy's group could not be reached or broke the connection (the proxy answers
     502)."""
+
+
+class AdmissionRejectedError(VlliteError):
+    """A request refused before it reaches the engine because the server has too much work in flight (HTTP 503, so
+    that a load balancer retries elsewhere; vLLM's ``GracefulHTTPError``): ``reason`` names the limit, as the
+    ``reason`` label of ``admission_rejections_total``; the message is vLLM's."""
+
+    reason = ""
+    message = ""
+
+    def __init__(self) -> None:
+        super().__init__(self.message)
+
+
+class QueueOverflowError(AdmissionRejectedError):
+    """``--max-num-queued-reqs``: the requests in flight (waiting or running) plus the new one's ``n`` exceed it."""
+
+    reason = "max_num_queued_reqs"
+    message = (
+        "The engine is currently busy and cannot accept new requests. Please try again later or on a different "
+        "instance."
+    )
+
+
+class MaxQueuedTokensError(AdmissionRejectedError):
+    """``--max-num-queued-tokens``: the prompt tokens of the requests still waiting for their first token reach it."""
+
+    reason = "max_num_queued_tokens"
+    message = (
+        "The engine has reached its prefill token backlog limit. Please try again later or on a different instance."
+    )
 
 
 class RequestFailedError(VlliteError):

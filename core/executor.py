@@ -47,6 +47,7 @@ class ModelInfo(msgspec.Struct, frozen=True):
     # encoder's bidirectional attention needs every position of the prompt in one step); None: it can.
     no_chunked_prefill: str | None = None
     no_prefix_caching: str | None = None
+    dtype: str = ""  # the dtype the weights run in, as resolved from --dtype (auto: e.g. "bfloat16"); "": not said
 
 
 class KVCacheInfo(msgspec.Struct, frozen=True):
@@ -54,6 +55,7 @@ class KVCacheInfo(msgspec.Struct, frozen=True):
 
     num_blocks: int
     max_model_len: int
+    num_bytes: int = 0  # the memory it takes (0: not said)
 
 
 class Executor(ABC):

@@ -87,6 +87,9 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     # A later chunk of the live session of this id (its tokens, and its turn's sampling_params); with
     # ``resumable`` False and no tokens: the end of the session's input.
     continuation: bool = False
+    # An embeds prompt (vLLM's ``EmbedsPrompt``): a float tensor ``[num_tokens, hidden_size]`` in place of token
+    # ids (``prompt_token_ids`` is None). It travels as a raw buffer (``engine_proc.serial``), never pickled.
+    prompt_embeds: Any = None
 
     @property
     def params(self) -> SamplingParams:
@@ -242,6 +245,9 @@ class EngineInfo(msgspec.Struct, frozen=True):
     scheduler: str = ""
     dp_stats_address: str | None = None  # data parallel: where the coordinator publishes engine stats
     supported_tasks: tuple[str, ...] = ("generate",)  # "generate", or the pooling tasks of a pooling model
+    hidden_size: int = 0  # the width of a prompt_embeds row
+    enable_prompt_embeds: bool = False  # whether prompt_embeds inputs are accepted (--enable-prompt-embeds)
+    dtype: str = ""  # the model's dtype as resolved from --dtype (auto → e.g. "bfloat16"); "": the executor said none
 
 
 class EngineShutdownState(enum.IntEnum):

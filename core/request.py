@@ -37,6 +37,7 @@ class RequestStatus(enum.IntEnum):
     FINISHED_ABORTED = enum.auto()
     FINISHED_IGNORED = enum.auto()
     FINISHED_ERROR = enum.auto()
+    FINISHED_REPETITION = enum.auto()  # its output repeats (SamplingParams.repetition_detection)
 
     def __str__(self) -> str:
         return self.name
@@ -71,10 +72,17 @@ def _finished_reasons() -> dict[RequestStatus, FinishReason]:
         RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
         RequestStatus.FINISHED_IGNORED: FinishReason.LENGTH,
         RequestStatus.FINISHED_ERROR: FinishReason.ERROR,
+        RequestStatus.FINISHED_REPETITION: FinishReason.REPETITION,
     }
 
 
 BlockHasher = Callable[["Request"], list[bytes]]
+
+
+def _num_rows(embeds: Any) -> int:
+    """The rows of a ``prompt_embeds`` value from the wire (0 for anything without a first dimension)."""
+    shape = getattr(embeds, "shape", None)
+    return int(shape[0]) if isinstance(shape, tuple | list) and shape and isinstance(shape[0], int) else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +134,7 @@ class Request:
         pooling_params: PoolingParams | None = None,
         resumable: bool = False,
         continuation: bool = False,
+        prompt_embeds: Any = None,
     ) -> None:
         self.request_id = request_id
         self.client_index = client_index
@@ -145,6 +154,9 @@ class Request:
         # A parked session: the status its last turn ended with (restored if the session ends while parked).
         self.last_turn_status: RequestStatus | None = None
 
+        # An embeds prompt: the float tensor [num_prompt_tokens, hidden_size], kept for a recompute after preemption;
+        # prompt_token_ids then holds placeholder zeros (vLLM's) and the block hashes cover the embeddings.
+        self.prompt_embeds = prompt_embeds
         self.prompt_token_ids = list(prompt_token_ids)
         self.num_prompt_tokens = len(self.prompt_token_ids)
         self._output_token_ids: list[int] = []
@@ -152,6 +164,15 @@ class Request:
         self.spec_token_ids: list[int] = []
         self.max_tokens: int = sampling_params.max_tokens if sampling_params.max_tokens is not None else 1 << 62
 
+        self._init_progress()
+
+        self.block_hashes: list[bytes] = []
+        self._block_hasher = block_hasher
+        self.update_block_hashes()
+
+    def _init_progress(self) -> None:
+        """The engine's bookkeeping of a new request: its status, computed tokens, events and per-request
+        state that scheduler policies, connectors and structured outputs attach."""
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
         # Set with FINISHED_ERROR: what failed (the plugin, its hook and the exception), reported to the client.
@@ -173,10 +194,6 @@ class Request:
         # Free-form per-request state for scheduler policies (e.g. Continuum's job id); never sent anywhere.
         self.extra: dict[str, Any] = {}
 
-        self.block_hashes: list[bytes] = []
-        self._block_hasher = block_hasher
-        self.update_block_hashes()
-
     @classmethod
     def from_engine_core_request(cls, request: EngineCoreRequest, block_hasher: BlockHasher | None = None) -> Request:
         sampling_params = request.sampling_params
@@ -184,9 +201,12 @@ class Request:
             sampling_params = _pooling_sampling_params()
         elif sampling_params is None:
             raise ValueError(f"Request {request.request_id!r} has neither sampling_params nor pooling_params.")
+        prompt_token_ids = request.prompt_token_ids or []
+        if request.prompt_embeds is not None and not prompt_token_ids:
+            prompt_token_ids = [0] * _num_rows(request.prompt_embeds)  # placeholders; check_request checks the rest
         return cls(
             request_id=request.request_id,
-            prompt_token_ids=request.prompt_token_ids or [],
+            prompt_token_ids=prompt_token_ids,
             sampling_params=sampling_params,
             pooling_params=request.pooling_params,
             eos_token_id=request.eos_token_id,
@@ -199,6 +219,7 @@ class Request:
             trace_headers=request.trace_headers,
             resumable=request.resumable,
             continuation=request.continuation,
+            prompt_embeds=request.prompt_embeds,
         )
 
     # ------------------------------------------------------------------ token streams

@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from vllite.repetition import RepetitionDetectionParams, as_repetition_detection
 from vllite.structured_output.params import StructuredOutputsParams
 
 _SAMPLING_EPS = 1e-5
@@ -83,6 +84,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     extra_args: dict[str, Any] | None = None
     # A JSON-schema / regex / choice / grammar constraint on the output (vllite.structured_output).
     structured_outputs: StructuredOutputsParams | None = None
+    # End the output once it repeats an N-gram back to back (vLLM's field; finish_reason "repetition").
+    repetition_detection: RepetitionDetectionParams | None = None
     # Filled by the engine (eos and generation-config stop ids); part of the wire format on purpose.
     all_stop_token_ids: list[int] = msgspec.field(default_factory=list)
 
@@ -103,6 +106,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
             self.logprob_token_ids = list(self.logprob_token_ids)
         if self.logprob_token_ids and self.logprobs is None:
             self.logprobs = len(self.logprob_token_ids)
+        if self.repetition_detection is not None:
+            self.repetition_detection = as_repetition_detection(self.repetition_detection)
         self._verify()
         for token_id in self.stop_token_ids:
             if token_id not in self.all_stop_token_ids:
@@ -250,6 +255,9 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
             extra_args=copy.deepcopy(self.extra_args) if self.extra_args else self.extra_args,
             structured_outputs=(
                 msgspec.structs.replace(self.structured_outputs) if self.structured_outputs is not None else None
+            ),
+            repetition_detection=(
+                msgspec.structs.replace(self.repetition_detection) if self.repetition_detection is not None else None
             ),
         )
 

@@ -69,7 +69,7 @@ def test_llm_dp2_greedy_equals_dp1_and_hf_and_cleans_up(case):
     inputs = [{"prompt_token_ids": p} for p in prompts]
     with LLM(model_dir, **ENGINE_KWARGS) as llm:
         dp1 = [list(o.outputs[0].token_ids) for o in llm.generate(inputs, _greedy(), use_tqdm=False)]
-    llm = LLM(model_dir, data_parallel_size=2, **ENGINE_KWARGS)
+    llm = LLM(model_dir, data_parallel_size=2, enable_sleep_mode=True, **ENGINE_KWARGS)
     client: Any = llm.llm_engine.engine_core
     try:
         outputs = llm.generate(inputs, _greedy(), use_tqdm=False)

@@ -14,9 +14,9 @@ from vllite.sampling_params import SamplingParams
 FAKE = "vllite.testing.executors:PositionTokenExecutor"
 
 
-def make_core(**fake_options) -> EngineCore:
+def make_core(enable_sleep_mode: bool = False, **fake_options) -> EngineCore:
     config = EngineConfig(
-        model_config=ModelConfig(max_model_len=256),
+        model_config=ModelConfig(max_model_len=256, enable_sleep_mode=enable_sleep_mode),
         cache_config=CacheConfig(block_size=4, num_gpu_blocks_override=64),
         executor=FAKE,
         plugin_config={"fake_executor": fake_options},
@@ -99,7 +99,7 @@ def test_pause_abort_aborts_everything():
 
 
 def test_reset_prefix_cache_and_sleep():
-    core = make_core()
+    core = make_core(enable_sleep_mode=True)
     core.add_request(request("a", 12, 2))
     run_to_completion(core)
     assert core.reset_prefix_cache()

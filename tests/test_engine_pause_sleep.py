@@ -25,6 +25,7 @@ def make_engine(multiprocess: bool) -> LLMEngine:
         block_size=4,
         num_gpu_blocks_override=2048,
         plugin_config={"fake_executor": {"step_delay_s": 0.001}},
+        enable_sleep_mode=True,
     ).create_engine_config()
     return LLMEngine(config, multiprocess=multiprocess)
 

@@ -91,7 +91,7 @@ class Collector:
 def client():
     from vllite.plugins.engine_proc.client import SyncMPClient
 
-    c = SyncMPClient(make_config(step_delay_s=0.002, max_num_seqs=2))
+    c = SyncMPClient(make_config(step_delay_s=0.002, max_num_seqs=2, enable_sleep_mode=True))
     yield c
     c.shutdown()
 

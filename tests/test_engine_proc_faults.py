@@ -3,6 +3,7 @@ and the sync ``LLM`` frontend on the multiprocess client."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -105,6 +106,31 @@ def test_sigterm_without_drain_timeout_aborts_at_once():
         assert client.resources.proc.exitcode == 0
     finally:
         client.shutdown()
+
+
+@pytest.mark.parametrize("how", ["sigterm", "sigterm_during_drain"])
+def test_an_engine_told_to_stop_is_not_reported_as_an_unexpected_death(how, caplog):
+    """SIGTERM to the process group (``docker stop``, systemd) reaches the engine core too: it drains and exits 0.
+    That is a shutdown on request, logged as one; the client's calls then fail with an error that says so."""
+    caplog.set_level(logging.INFO, logger="vllite.plugins.engine_proc")
+    drain = {"engine_proc": {"shutdown_timeout_s": 30}} if how == "sigterm_during_drain" else {}
+    client = _client(step_delay_s=0.01, plugin_config=drain)
+    try:
+        col = Collector(client)
+        client.add_request(request("t-1", max_tokens=30))
+        col.until_tokens("t-1")
+        os.kill(client.resources.proc.pid, signal.SIGTERM)
+        with pytest.raises(EngineDeadError) as info:
+            while True:
+                col.pump()
+        client.resources.proc.join(timeout=10)
+        assert client.resources.proc.exitcode == 0
+    finally:
+        client.shutdown()
+    assert "unexpectedly" not in caplog.text and "unexpectedly" not in str(info.value), caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+    assert "shut down on request" in str(info.value), info.value
+    assert "The engine core process shut down on request" in caplog.text, caplog.text
 
 
 def test_llm_uses_the_multiprocess_client_by_default(monkeypatch):

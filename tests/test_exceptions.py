@@ -16,7 +16,7 @@ import vllite.exceptions as exc_mod
 from vllite.exceptions import VlliteError
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE_FOLDERS = ("core", "plugins", "schedulers", "builtin_logitsprocs", "kernels")
+PACKAGE_FOLDERS = ("core", "plugins", "schedulers", "builtin_logitsprocs", "vllite_kernels")
 BARE = {"RuntimeError", "Exception"}
 
 

@@ -291,10 +291,17 @@ def test_scheduling_past_known_blocks_raises_and_empty_step(model_dirs: dict[str
 def test_sleep_and_wake_up(model_dirs: dict[str, Path]) -> None:
     path = model_dirs["llama"]
     ex = _executor(path)
+    running = ManualScheduler(4, 64)
+    running.add("y", [8, 9, 10], max_tokens=4)
+    ex.execute_model(running.schedule())
     ex.sleep(1)
     assert ex.is_sleeping and not ex.runner.kv_caches
+    ended = SchedulerOutput.make_empty()
+    ended.finished_req_ids = {"y"}  # aborted while asleep: the engine's empty step hands it over, and nothing runs
+    assert ex.execute_model(ended).req_ids == [] and "y" not in ex.runner.requests
+    ended.total_num_scheduled_tokens = 1
     with pytest.raises(ExecutorAsleepError, match="sleeping"):
-        ex.execute_model(SchedulerOutput.make_empty())
+        ex.execute_model(ended)
     ex.wake_up(["kv_cache"])
     ex.wake_up(["weights"])
     assert not ex.is_sleeping and ex.runner.num_kv_blocks == 64

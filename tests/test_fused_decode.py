@@ -123,7 +123,7 @@ def test_a_deep_sleep_lets_go_of_the_step_and_waking_builds_it_again():
     folder = str(make_tiny_model_dir_cached("llama", seed=6))
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     prompt = [{"prompt_token_ids": [9, 8, 7, 6]}]
-    with LLM(folder, max_model_len=128, device="cpu") as llm:
+    with LLM(folder, max_model_len=128, device="cpu", enable_sleep_mode=True) as llm:
         runner = _runner(llm)
         before = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
         llm.sleep(level=2)

@@ -18,6 +18,7 @@ from vllite.builtin_logitsprocs.bad_words import BadWordsLogitsProcessor
 from vllite.builtin_logitsprocs.logit_bias import LogitBiasLogitsProcessor
 from vllite.builtin_logitsprocs.min_p import MinPLogitsProcessor
 from vllite.builtin_logitsprocs.min_tokens import MinTokensLogitsProcessor
+from vllite.builtin_logitsprocs.repetition_detection import RepetitionDetectionLogitsProcessor
 from vllite.builtin_logitsprocs.thinking_budget import ThinkingBudgetLogitsProcessor
 from vllite.config import SchedulerConfig, VllmConfig
 from vllite.exceptions import PluginLoadError
@@ -38,6 +39,7 @@ BUILTINS = [
     MinPLogitsProcessor,
     ThinkingBudgetLogitsProcessor,
     BadWordsLogitsProcessor,
+    RepetitionDetectionLogitsProcessor,
 ]
 _counter = itertools.count()
 
@@ -237,6 +239,7 @@ def test_builtins_come_from_the_registry(env, monkeypatch):
         LogitBiasLogitsProcessor,
         ThinkingBudgetLogitsProcessor,
         BadWordsLogitsProcessor,
+        RepetitionDetectionLogitsProcessor,
     ]
     assert [type(p) for p in procs.argmax_invariant] == [MinPLogitsProcessor]
 

@@ -250,7 +250,9 @@ def test_adapters_survive_a_deep_sleep(adapters, workload, monkeypatch) -> None:
     a = adapters["all-r16"]
     index = loras.index(a)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    with LLM(_base_dir(), dtype="float32", enable_lora=True, max_lora_rank=16, max_model_len=128) as llm:
+    with LLM(
+        _base_dir(), dtype="float32", enable_lora=True, max_lora_rank=16, max_model_len=128, enable_sleep_mode=True
+    ) as llm:
         llm.add_lora(a)
         llm.sleep(level=2)
         llm.wake_up()

@@ -51,6 +51,7 @@ VLLM_V1_METRICS = (
     "vllm:estimated_flops_per_gpu_total",
     "vllm:estimated_read_bytes_per_gpu_total",
     "vllm:estimated_write_bytes_per_gpu_total",
+    "vllm:admission_rejections",
     # histograms
     "vllm:request_prompt_tokens",
     "vllm:request_generation_tokens",
@@ -67,6 +68,7 @@ VLLM_V1_METRICS = (
     "vllm:request_prefill_time_seconds",
     "vllm:request_decode_time_seconds",
     "vllm:request_prefill_kv_computed_tokens",
+    "vllm:request_num_preemptions",
     "vllm:kv_block_lifetime_seconds",
     "vllm:kv_block_idle_before_evict_seconds",
     "vllm:kv_block_reuse_gap_seconds",
@@ -244,3 +246,30 @@ def test_scheduler_stats_count_blocked_waiting_requests_as_deferred():
     next(iter(scheduler.waiting)).status = RequestStatus.WAITING_FOR_REMOTE_KVS  # a KV load still under way
     stats = scheduler.make_stats()
     assert stats is not None and (stats.num_waiting_reqs, stats.num_skipped_waiting_reqs) == (3, 1)
+
+
+def test_preemptions_per_request_and_admission_rejections_under_the_vllite_prefix():
+    """``request_num_preemptions`` (vLLM's histogram: preemptions per finished request) carries the preemptions a
+    KV cache too small for the batch forces (its sum is ``num_preemptions``), and ``admission_rejections`` is
+    exported, under the default ``vllite:`` prefix too. Requests go through the ``openai`` client."""
+    openai = pytest.importorskip("openai")
+    model = str(make_tiny_model_dir_cached("llama"))
+    args = [model, "--served-model-name", "tiny", "--max-model-len", "176", "--dtype", "float32"]
+    args += ["--block-size", "16", "--num-gpu-blocks-override", "12", "--no-enable-prefix-caching"]
+    with RemoteServer(args) as remote:
+        with openai.OpenAI(base_url=remote.base_url, api_key="unused", max_retries=0) as client:
+            # 6 sequences of up to 7 blocks each share 12 blocks: the scheduler must preempt to finish them all.
+            response = client.completions.create(
+                model="tiny", prompt="Hi", n=6, max_tokens=100, seed=0, extra_body={"ignore_eos": True}
+            )
+        assert [c.finish_reason for c in response.choices] == ["length"] * 6
+        families = scrape(remote.url)
+    labels = {"model_name": "tiny", "engine": "0"}
+    preemptions = sample(families, "vllite:num_preemptions_total", **labels)
+    assert preemptions > 0, "the small KV cache was meant to force preemptions"
+    assert sample(families, "vllite:request_num_preemptions_count", **labels) == 6
+    assert sample(families, "vllite:request_num_preemptions_sum", **labels) == preemptions
+    assert sample(families, "vllite:request_num_preemptions_bucket", le="+Inf", **labels) == 6
+    assert "vllite:admission_rejections" in families
+    rejections = {s.labels["reason"]: s.value for s in families["vllite:admission_rejections"]}
+    assert rejections == {"max_num_queued_reqs": 0.0, "max_num_queued_tokens": 0.0}

@@ -109,8 +109,15 @@ def test_priority_refunds_an_already_scheduled_victim():
 
 def test_priority_victim_before_the_cursor_does_not_skip_the_next_request():
     """vLLM's priority regression: V (priority 9) runs first; B (0) needs a block and V, already scheduled, is
-    preempted. The list shrinks ahead of the cursor, and C (1), behind B, must still be scheduled."""
-    s = build(PriorityScheduler, num_blocks=9, max_num_batched_tokens=16, long_prefill_token_threshold=8)
+    preempted. The list shrinks ahead of the cursor, and C (1), behind B, must still be scheduled. V's prompt
+    alone outgrows the cache: admitted chunk by chunk (no full-sequence gate), it runs until it is the victim."""
+    s = build(
+        PriorityScheduler,
+        num_blocks=9,
+        max_num_batched_tokens=16,
+        long_prefill_token_threshold=8,
+        scheduler_reserve_full_isl=False,
+    )
     ex = ScriptedModelRunner()
     add(s, "V", 40, priority=9)
     step(s, ex)

@@ -282,6 +282,53 @@ def test_tool_choice_required_parses_the_call(client, tokenizer):
     assert response.choices[0].message.tool_calls[0].function.name == "get_weather"
 
 
+REQUIRED_CUT = '[{"name": "get_weather", "parameters": {"city": "Paris"}}, {"name": "get_weather", "parameters": {"c'
+
+
+def required_cut_kwargs(tokenizer) -> dict:
+    """A ``required`` reply forced to list two calls, cut by ``max_tokens`` inside the second."""
+    return dict(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Weather?"}],
+        tools=TOOLS,
+        tool_choice="required",
+        max_tokens=len(tokenizer.encode(REQUIRED_CUT, add_special_tokens=False)),
+        extra_body=forced(tokenizer, REQUIRED_CUT + 'ity": "Oslo"}}]'),
+    )
+
+
+def test_tool_choice_required_cut_by_max_tokens(client, tokenizer):
+    """A ``required`` reply cut mid-list: the calls that were complete, no garbled content, ``finish_reason="length"``
+    (vLLM's)."""
+    choice = client.chat.completions.create(**required_cut_kwargs(tokenizer)).choices[0]
+    assert choice.finish_reason == "length"
+    assert not choice.message.content, choice.message.content
+    calls = [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls]
+    assert calls == [("get_weather", {"city": "Paris"})]
+
+
+def test_tool_choice_required_cut_by_max_tokens_streamed(client, tokenizer):
+    """Streamed, a chunk has at most one choice per index, so code reading ``chunk.choices[0]`` sees the complete
+    call and ``finish_reason="length"``, and no garbled content."""
+    calls: dict[int, list[str]] = {}
+    content, finish_reasons = "", []
+    for chunk in client.chat.completions.create(stream=True, **required_cut_kwargs(tokenizer)):
+        indexes = [c.index for c in chunk.choices]
+        assert len(indexes) == len(set(indexes)), f"two choices of one index in one chunk: {chunk.choices}"
+        if not chunk.choices:
+            continue
+        first = chunk.choices[0]
+        content += first.delta.content or ""
+        finish_reasons.append(first.finish_reason)
+        for delta in first.delta.tool_calls or []:
+            entry = calls.setdefault(delta.index, ["", ""])
+            entry[0] += delta.function.name or ""
+            entry[1] += delta.function.arguments or ""
+    assert [r for r in finish_reasons if r] == ["length"] and finish_reasons[-1] == "length"
+    assert content == ""
+    assert [(name, json.loads(arguments)) for name, arguments in calls.values()] == [("get_weather", {"city": "Paris"})]
+
+
 def test_vllm_extras_pass_through(client):
     ignore = client.completions.create(
         model=MODEL,

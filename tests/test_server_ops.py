@@ -45,6 +45,7 @@ def servers(tmp_path_factory):
             model=str(default_model_path()),
             max_model_len=512,
             worker_extension_cls="vllite.testing.worker_extension:EchoWorkerExtension",
+            enable_sleep_mode=True,
         )
         settings = {
             "dev": ServerSettings(
@@ -224,6 +225,22 @@ def test_server_info_in_vllms_shape(dev, monkeypatch):
     structured = dev.get("/server_info", params={"config_format": "json"}).json()
     assert structured["vllm_config"]["model_config"]["max_model_len"] == 512
     assert_bad(dev.get("/server_info", params={"config_format": "yaml"}), "config_format")
+
+
+def test_server_info_shows_the_dtype_auto_resolved_to(dev):
+    """``--dtype auto`` (the default) is resolved once, where the model loads; /server_info shows that value."""
+    import torch
+
+    from vllite.assets import default_model_path
+    from vllite.model_files import load_hf_config
+    from vllite.plugins.transformers_executor.model_loader import resolve_dtype
+
+    resolved = resolve_dtype("auto", load_hf_config(str(default_model_path())), torch.device("cpu"))
+    expected = str(resolved).removeprefix("torch.")
+    structured = dev.get("/server_info", params={"config_format": "json"}).json()
+    assert structured["vllm_config"]["model_config"]["dtype"] == expected
+    text = dev.get("/server_info").json()["vllm_config"]
+    assert f" dtype='{expected}'" in text and " dtype='auto'" not in text, text  # not kv_cache_dtype='auto'
 
 
 @pytest.mark.parametrize("method", ["GET", "POST"])

@@ -174,6 +174,28 @@ def test_return_tokens_as_token_ids_on_completions(client):
         assert top and all(key.startswith("token_id:") for key in top)
 
 
+@pytest.mark.parametrize("as_ids", [True, False], ids=["token-ids", "text"])
+def test_echoed_top_logprobs_start_with_the_positions_own_token(client, as_ids):
+    """vLLM's order (its ``test_return_tokens_as_ids``): each position's ``top_logprobs`` lists that position's own
+    token first (the prompt token, or the sampled one), then the top ``logprobs``."""
+    response = client.completions.create(
+        model=MODEL,
+        prompt=PROMPT,
+        max_tokens=6,
+        temperature=1.0,
+        seed=3,
+        logprobs=1,
+        echo=True,
+        extra_body={"return_tokens_as_token_ids": as_ids},
+    )
+    logprobs = response.choices[0].logprobs
+    assert logprobs.top_logprobs[0] is None  # the first prompt token has no logprob
+    first_keys = [next(iter(top)) for top in logprobs.top_logprobs[1:]]
+    assert first_keys == logprobs.tokens[1:]
+    for top, token, logprob in zip(logprobs.top_logprobs[1:], logprobs.tokens[1:], logprobs.token_logprobs[1:]):
+        assert top[token] == logprob and 1 <= len(top) <= 2
+
+
 def test_return_tokens_as_token_ids_on_chat(client):
     response = client.chat.completions.create(
         model=MODEL,
@@ -327,3 +349,16 @@ def test_tokenize_passes_tools_to_the_template(server):
     tokenizer = get_tokenizer(make_tiny_model_dir_cached("llama"))
     assert tokenizer.decode(answer["tokens"]) == "<get_weather>hi"
     assert tokenizer.decode(without["tokens"]) == "hi"
+
+
+def test_prompt_embeds_without_enable_prompt_embeds_is_400(client):
+    # This server runs without --enable-prompt-embeds (tests/test_server_prompt_embeds.py covers the served field).
+    import base64
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(torch.zeros(3, 64), buffer)
+    body = {"prompt_embeds": base64.b64encode(buffer.getvalue()).decode()}
+    with pytest.raises(openai.BadRequestError, match="You must set `--enable-prompt-embeds`") as info:
+        client.completions.create(model=MODEL, prompt="", max_tokens=2, extra_body=body)
+    assert info.value.body["param"] == "prompt_embeds"

@@ -20,11 +20,16 @@ from vllite.sampling_params import SamplingParams
 
 
 def _config(
-    num_gpu_blocks_override: int | None = None, max_num_batched_tokens: int = 64, **sim: object
+    num_gpu_blocks_override: int | None = None,
+    max_num_batched_tokens: int = 64,
+    scheduler_reserve_full_isl: bool = True,
+    **sim: object,
 ) -> EngineConfig:
     return EngineConfig(
         cache_config=CacheConfig(block_size=16, num_gpu_blocks_override=num_gpu_blocks_override),
-        scheduler_config=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens),
+        scheduler_config=SchedulerConfig(
+            max_num_batched_tokens=max_num_batched_tokens, scheduler_reserve_full_isl=scheduler_reserve_full_isl
+        ),
         executor="sim",
         plugin_config={"sim": dict(sim)},
     )
@@ -109,7 +114,14 @@ def test_sim_executor_drives_the_real_scheduler_on_the_virtual_clock():
 
 def test_sim_tokens_are_reproducible_and_preemption_is_handled():
     def run(num_blocks: int) -> tuple[dict[str, list[int]], int]:
-        config = _config(max_model_len=256, seed=7, num_gpu_blocks_override=num_blocks, max_num_batched_tokens=256)
+        # Eager admission (no full-prompt gate): a third prompt starts in the room left and is preempted later.
+        config = _config(
+            max_model_len=256,
+            seed=7,
+            num_gpu_blocks_override=num_blocks,
+            max_num_batched_tokens=256,
+            scheduler_reserve_full_isl=False,
+        )
         core = EngineCore(config)
         for i in range(6):
             core.add_request(_request(f"r{i}", [i] * 60 + list(range(40)), max_tokens=40))

@@ -99,6 +99,7 @@ def test_iteration_stats_ttft_itl_and_finished_requests():
         arrival_time=100.5,
         first_token_latency=pytest.approx(1.5),
         params=RequestParamStats(n=1, max_tokens=100, temperature=1.0, top_p=1.0),
+        num_preemptions=1,  # its PREEMPTED event
     )
     assert not proc.has_unfinished_requests()
 

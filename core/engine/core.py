@@ -21,6 +21,7 @@ import msgspec
 
 from vllite.config import EngineConfig, executor_name
 from vllite.engine.request_checks import check_request
+from vllite.engine.step_log import StepLog
 from vllite.exceptions import VlliteError
 from vllite.lora import LoRARequest
 from vllite.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, EngineInfo, FinishReason
@@ -46,6 +47,19 @@ def resolve_executor_class(config: EngineConfig) -> type:
     if name not in get_registry("executors") and name == "default":
         return resolve_component("executors", "default")
     return resolve_component("executors", name)
+
+
+def check_sleep_mode(config: EngineConfig, method: str, level: int = 1, tags: list[str] | None = None) -> None:
+    """vLLM's rule: ``sleep`` (levels 1, 2) and ``wake_up`` of ``weights`` / ``kv_cache`` need an engine started with
+    ``enable_sleep_mode=True`` (``--enable-sleep-mode``); ``ValueError`` otherwise. Level 0 (a pause) and a plain
+    ``wake_up()`` (resume; nothing can be asleep) are always allowed."""
+    frees_memory = level > 0 if method == "sleep" else bool(tags)
+    if config.model_config.enable_sleep_mode or not frees_memory:
+        return
+    what = f"sleep(level={level})" if method == "sleep" else f"wake_up(tags={tags})"
+    raise ValueError(
+        f"{what} needs sleep mode: start the engine with enable_sleep_mode=True (vllite serve --enable-sleep-mode)."
+    )
 
 
 class EngineCore:
@@ -97,23 +111,30 @@ class EngineCore:
         )
         self._executor_pool: ThreadPoolExecutor | None = None
         self.step_fn = self.step if self.batch_queue is None else self.step_with_batch_queue
+        self.step_log = StepLog(self.config, self.scheduler)  # a failed step's dump; --enable-logging-iteration-details
         # The start-up heap (modules, weights, the KV cache's bookkeeping) never becomes garbage: frozen, the
         # collector stops walking it, and a full collection during serving takes milliseconds, not 100-200 ms.
         gc.collect()
         gc.freeze()
+        self._log_ready()
+
+    def _log_ready(self) -> None:
+        """The one start-up line (as vLLM's): the resolved dtype, the context length and the KV cache's capacity."""
+        info = self.info
         logger.info(
-            "Engine core ready: model=%s max_model_len=%d kv_blocks=%d scheduler=%s",
-            config.model_config.model,
-            self.info.max_model_len,
-            self.info.num_gpu_blocks,
-            self.info.scheduler,
-        )
+            "Engine core ready: model=%s dtype=%s max_model_len=%d KV cache: %d blocks / %d tokens / %s "
+            "(kv_cache_dtype=%s) scheduler=%s",
+            self.config.model_config.model, info.dtype or "?", info.max_model_len, info.num_gpu_blocks,
+            info.num_gpu_blocks * info.block_size, _gib(self._kv_cache_bytes), self.config.cache_config.kv_cache_dtype,
+            info.scheduler,
+        )  # fmt: skip
 
     def _settle_limits(self, config: EngineConfig) -> tuple[EngineInfo, EngineConfig]:
         model_info = self.model_executor.model_info
         kv_cache = self.model_executor.initialize_kv_cache()
+        self._kv_cache_bytes = kv_cache.num_bytes
         config = config.for_model(model_info.no_chunked_prefill, model_info.no_prefix_caching)
-        engine_config = config.with_limits(kv_cache.max_model_len, kv_cache.num_blocks)
+        engine_config = config.with_limits(kv_cache.max_model_len, kv_cache.num_blocks, dtype=model_info.dtype or None)
         info = EngineInfo(
             max_model_len=kv_cache.max_model_len,
             num_gpu_blocks=kv_cache.num_blocks,
@@ -123,6 +144,9 @@ class EngineCore:
             eos_token_ids=model_info.eos_token_ids,
             sliding_window=model_info.sliding_window,
             supported_tasks=model_info.supported_tasks,
+            hidden_size=config.model_config.get_hidden_size(),
+            enable_prompt_embeds=config.model_config.enable_prompt_embeds,
+            dtype=model_info.dtype,
         )
         return info, engine_config
 
@@ -201,7 +225,8 @@ class EngineCore:
     # ------------------------------------------------------------------ stepping
     def _execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         # Called even for an empty step: the executor must still drop finished and preempted requests.
-        return self.model_executor.execute_model(scheduler_output)
+        with self.step_log.around(scheduler_output):
+            return self.model_executor.execute_model(scheduler_output)
 
     def _after_execute(self, model_output: ModelRunnerOutput) -> None:
         if model_output.draft_token_ids:
@@ -338,6 +363,7 @@ class EngineCore:
         and slept."""
         if level not in (0, 1, 2):
             raise ValueError(f"sleep level must be 0, 1 or 2, got {level!r}.")
+        check_sleep_mode(self.config, "sleep", level=level)
         paused = self.pause_scheduler(mode, clear_cache=False)
         if level == 0:
             return paused
@@ -352,6 +378,8 @@ class EngineCore:
         resumes scheduling."""
         if tags is not None and "scheduling" in tags:
             tags = [t for t in tags if t != "scheduling"]
+        if tags:
+            check_sleep_mode(self.config, "wake_up", tags=tags)
         if tags is None or tags:
             self.model_executor.wake_up(tags)
         self.resume_scheduler()
@@ -470,3 +498,10 @@ def _then(future: Future | None, action: Callable[[], None] | None) -> Future | 
 
     future.add_done_callback(run)
     return chained
+
+
+def _gib(num_bytes: int) -> str:
+    """A memory size for a log line: GiB with two decimals, MiB below a tenth of a GiB."""
+    if num_bytes >= 2**30 // 10:
+        return f"{num_bytes / 2**30:.2f} GiB"
+    return f"{num_bytes / 2**20:.1f} MiB"

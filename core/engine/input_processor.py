@@ -14,7 +14,7 @@ from typing import Any
 
 from vllite.config import ModelConfig
 from vllite.engine.pooling import pooling_request
-from vllite.engine.request_checks import check_task
+from vllite.engine.request_checks import check_embeds_request, check_prompt_embeds, check_task
 from vllite.engine.tokenizer import AnyTokenizer, apply_chat_template
 from vllite.lora import LoRAConfig, LoRARequest
 from vllite.model_files import load_generation_config
@@ -115,17 +115,21 @@ class InputProcessor:
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}.")
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise TypeError(f"priority must be an integer, got {priority!r}.")
-        token_ids, prompt_salt = self._tokenize(prompt, params, add_special_tokens=not continuation)
+        embeds = self._prompt_embeds(prompt, params, resumable or continuation)
+        if embeds is None:
+            token_ids, prompt_salt = self._tokenize(prompt, params, add_special_tokens=not continuation)
+        else:
+            token_ids, prompt_salt = [0] * len(embeds), prompt.get("cache_salt")  # type: ignore[union-attr]
         if cache_salt is None:
             cache_salt = prompt_salt
         if cache_salt is not None and not isinstance(cache_salt, str):
             raise TypeError(f"cache_salt must be a string, got {type(cache_salt).__name__}.")
-        if token_ids or not continuation:
+        if embeds is None and (token_ids or not continuation):
             self._validate_prompt(token_ids)
         sampling_params = self._finalize_params(params, len(token_ids))
         return EngineCoreRequest(
             request_id=request_id,
-            prompt_token_ids=token_ids,
+            prompt_token_ids=token_ids if embeds is None else None,
             sampling_params=sampling_params,
             eos_token_id=self.eos_token_id,
             arrival_time=time.time() if arrival_time is None else arrival_time,
@@ -135,7 +139,26 @@ class InputProcessor:
             trace_headers=dict(trace_headers) if trace_headers else None,
             resumable=resumable,
             continuation=continuation,
+            prompt_embeds=embeds,
         )
+
+    def _prompt_embeds(self, prompt: PromptType, params: SamplingParams, session: bool) -> Any:
+        """The tensor of an embeds prompt (vLLM's ``{"prompt_embeds": tensor}``), checked and on the CPU; ``None``
+        for any other prompt. ``ValueError`` naming the problem (not enabled, shape, dtype, hidden size, empty)."""
+        if not isinstance(prompt, Mapping) or prompt.get("prompt_embeds") is None:
+            return None
+        unknown = set(prompt) - {"prompt_embeds", "cache_salt", "type", "arrival_time"}
+        if unknown:
+            raise ValueError(f"Unknown keys {sorted(unknown)} in an embeds prompt; it takes 'prompt_embeds'.")
+        embeds = prompt["prompt_embeds"]
+        if getattr(embeds, "ndim", 0) == 3 and embeds.shape[0] == 1:
+            embeds = embeds[0]  # [1, num_tokens, hidden_size], as a model's embedding layer returns it
+        truncate = params.truncate_prompt_tokens
+        if truncate is not None and getattr(embeds, "ndim", 0) == 2:
+            embeds = embeds[-(self.max_model_len if truncate == -1 else truncate) :]
+        check_prompt_embeds("Invalid prompt:", embeds, self.engine_info)
+        check_embeds_request("Invalid prompt:", params, False, session)
+        return embeds.detach().cpu().contiguous()
 
     def _check_lora(self, lora_request: LoRARequest | None) -> LoRARequest | None:
         if lora_request is None:
@@ -165,6 +188,8 @@ class InputProcessor:
             if unknown:
                 raise ValueError(f"Unknown prompt keys {sorted(unknown)}; use 'prompt' or 'prompt_token_ids'.")
             salt = prompt.get("cache_salt")
+            if "prompt_embeds" in prompt:
+                raise ValueError("prompt_embeds prompts are supported for generation requests only.")
             if prompt.get("prompt_token_ids") is not None:
                 token_ids = _check_token_list(prompt["prompt_token_ids"])
             elif isinstance(prompt.get("prompt"), str):

@@ -251,7 +251,8 @@ class LLM(LLMPoolingAPI):
         return self.llm_engine.pin_lora(lora_id)
 
     def sleep(self, level: int = 1) -> None:
-        """Frees memory between uses (level 1: offload the weights, discard the KV cache; level 2: discard both)."""
+        """Frees memory between uses (level 1: offload the weights, discard the KV cache; level 2: discard both).
+        Needs ``LLM(..., enable_sleep_mode=True)``, as in vLLM; without it this raises ``ValueError``."""
         self.llm_engine.sleep(level)
 
     def wake_up(self, tags: list[str] | None = None) -> None:

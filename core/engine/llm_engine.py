@@ -128,10 +128,17 @@ class LLMEngine:
 
     def sleep(self, level: int = 1, mode: str = "abort") -> None:
         """Pauses (``mode``, as :meth:`pause_scheduler`) and frees memory (level 1: weights offloaded, KV cache
-        discarded; level 2: both discarded); returns once the engine sleeps."""
+        discarded; level 2: both discarded); returns once the engine sleeps. Levels 1 and 2 need
+        ``enable_sleep_mode=True`` (``ValueError`` otherwise, as vLLM)."""
+        from vllite.engine.core import check_sleep_mode
+
+        check_sleep_mode(self.config, "sleep", level=level)
         self.engine_core.sleep(level, mode)
 
     def wake_up(self, tags: list[str] | None = None) -> None:
+        from vllite.engine.core import check_sleep_mode
+
+        check_sleep_mode(self.config, "wake_up", tags=[t for t in tags or () if t != "scheduling"])
         self.engine_core.wake_up(tags)
 
     def is_sleeping(self) -> bool:

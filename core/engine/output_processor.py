@@ -143,6 +143,7 @@ class OutputProcessor:
             if iteration_stats is not None:
                 iteration_stats.num_preempted_reqs += preempted
             stats.record_tokens(len(new_token_ids), output.num_cached_tokens, now, state.prompt_len, iteration_stats)
+            stats.is_corrupted = stats.is_corrupted or output.num_nans_in_logits > 0
         stop_string = state.detokenizer.update(new_token_ids, finish_reason == FinishReason.STOP)
         if stop_string is not None:
             finish_reason, stop_reason = FinishReason.STOP, stop_string

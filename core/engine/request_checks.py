@@ -9,7 +9,7 @@ out of the vocabulary) for every request in the batch. ``check_request`` raises 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from vllite.protocol import EngineInfo
@@ -32,6 +32,52 @@ def check_request(request: Request, info: EngineInfo, *, session_chunk: bool = F
     check_task(prefix, request.pooling_params.task if request.pooling_params is not None else "generate", info)
     if request.pooling_params is None:
         _check_params(prefix, request.sampling_params, info.vocab_size)
+    if request.prompt_embeds is not None:
+        check_prompt_embeds(prefix, request.prompt_embeds, info)
+        if len(request.prompt_embeds) != len(prompt):
+            raise ValueError(f"{prefix} prompt_embeds has {len(request.prompt_embeds)} rows for {len(prompt)} tokens.")
+        check_embeds_request(prefix, request.sampling_params, request.pooling_params is not None, request.resumable)
+
+
+def check_prompt_embeds(prefix: str, embeds: Any, info: EngineInfo) -> None:
+    """Raises ``ValueError`` naming the problem unless ``embeds`` is a usable ``prompt_embeds`` tensor for this
+    engine: prompt embeds enabled, a dense float tensor of shape ``[num_tokens, hidden_size]``, not empty, at most
+    ``max_model_len`` rows."""
+    if not info.enable_prompt_embeds:
+        raise ValueError(
+            f"{prefix} prompt_embeds given, but prompt embeds are not enabled: start the engine with "
+            "enable_prompt_embeds=True (--enable-prompt-embeds)."
+        )
+    import torch
+
+    if not isinstance(embeds, torch.Tensor) or embeds.layout != torch.strided:
+        raise ValueError(f"{prefix} prompt_embeds must be a dense torch.Tensor, got {type(embeds).__name__}.")
+    if embeds.ndim != 2:
+        raise ValueError(
+            f"{prefix} prompt_embeds must be 2-D, [num_tokens, hidden_size]; got shape {tuple(embeds.shape)}."
+        )
+    if not embeds.is_floating_point():
+        raise ValueError(f"{prefix} prompt_embeds must have a floating-point dtype, got {embeds.dtype}.")
+    if info.hidden_size and embeds.shape[1] != info.hidden_size:
+        raise ValueError(
+            f"{prefix} prompt_embeds hidden size {embeds.shape[1]} does not match the model's hidden size "
+            f"{info.hidden_size}."
+        )
+    if embeds.shape[0] == 0:
+        raise ValueError(f"{prefix} prompt_embeds is empty (0 rows); give at least one embedding row.")
+    if embeds.shape[0] > info.max_model_len:
+        raise ValueError(
+            f"{prefix} prompt_embeds has {embeds.shape[0]} rows, more than max_model_len={info.max_model_len}."
+        )
+
+
+def check_embeds_request(prefix: str, params: SamplingParams | None, pooling: bool, resumable: bool) -> None:
+    """Raises ``ValueError`` for what an embeds prompt cannot do: pooling, sessions, prompt logprobs (there are no
+    prompt token ids to score)."""
+    if pooling or resumable:
+        raise ValueError(f"{prefix} prompt_embeds are supported for generation requests only (not pooling, sessions).")
+    if params is not None and params.prompt_logprobs is not None:
+        raise ValueError(f"{prefix} prompt_logprobs cannot be computed for a prompt_embeds prompt (no token ids).")
 
 
 def check_task(prefix: str, task: str | None, info: EngineInfo) -> None:

@@ -57,6 +57,8 @@ class RequestState:
         """The per-request (for a session: per-turn) state: prompt, detokenizer, logprobs, output kind, stats."""
         params = request.params
         prompt_token_ids = request.prompt_token_ids or []
+        if request.prompt_embeds is not None:  # an embeds prompt: placeholder ids, one per row (as vLLM reports)
+            prompt_token_ids = [0] * len(request.prompt_embeds)
         session = self.session
         if session is not None:
             session.context_token_ids.extend(prompt_token_ids)

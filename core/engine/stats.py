@@ -44,6 +44,9 @@ class RequestStateStats:
     num_generation_tokens: int = 0
     num_cached_tokens: int = 0
     num_preemptions: int = 0
+    # Some step's logits of this request had NaNs (EngineCoreOutput.num_nans_in_logits, with
+    # $VLLITE_COMPUTE_NANS_IN_LOGITS): it counts as corrupted when it finishes.
+    is_corrupted: bool = False
     # What the request asked for (``for_request``): the finished-request metrics and the tracing span read them.
     request_id: str = ""
     params: RequestParamStats | None = None
@@ -231,6 +234,7 @@ class FinishedRequestStats:
     num_cached_tokens: int = 0
     params: RequestParamStats | None = None
     trace_headers: dict[str, str] | None = None
+    num_preemptions: int = 0  # times the engine preempted it (vLLM's ``request_num_preemptions``)
 
     @property
     def max_tokens_param(self) -> int | None:
@@ -249,7 +253,8 @@ class IterationStats:
 
     ``num_prompt_tokens`` counts the whole prompt (prefix-cache hits included) of each request that got its first
     token in this batch; ``num_generation_tokens`` every token this batch brought; ``num_preempted_reqs`` the
-    preemption events it carried. ``time_to_first_tokens_iter`` has one wall-clock TTFT (from arrival) per
+    preemption events it carried; ``num_corrupted_reqs`` the finished requests that had NaN logits.
+    ``time_to_first_tokens_iter`` has one wall-clock TTFT (from arrival) per
     request that got its first token now; ``inter_token_latencies_iter`` one interval per request that got a
     later token, since its previous one. ``finished_requests`` has one entry per request this batch finished.
     ``prompt_token_stats`` splits the prompt tokens by source. ``n_params_iter`` and
@@ -261,6 +266,7 @@ class IterationStats:
     num_prompt_tokens: int = 0
     num_generation_tokens: int = 0
     num_preempted_reqs: int = 0
+    num_corrupted_reqs: int = 0
     time_to_first_tokens_iter: list[float] = field(default_factory=list)
     inter_token_latencies_iter: list[float] = field(default_factory=list)
     finished_requests: list[FinishedRequestStats] = field(default_factory=list)
@@ -275,6 +281,7 @@ class IterationStats:
         decode = _interval(req.first_token_time, req.last_token_time)
         inference = _interval(req.scheduled_ts, req.last_token_time)
         later_tokens = req.num_generation_tokens - 1
+        self.num_corrupted_reqs += req.is_corrupted
         self.finished_requests.append(
             FinishedRequestStats(
                 finish_reason=finish_reason,
@@ -292,6 +299,7 @@ class IterationStats:
                 num_cached_tokens=req.num_cached_tokens,
                 params=req.params,
                 trace_headers=req.trace_headers,
+                num_preemptions=req.num_preemptions,
             )
         )
         self._observe_request_params(req)

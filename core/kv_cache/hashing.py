@@ -102,6 +102,20 @@ def generate_block_hash_extra_keys(request: Request, start_token_idx: int) -> tu
     return tuple(keys) if keys else None
 
 
+def prompt_embeds_key(embeds: Any, start: int, end: int) -> tuple[str, bytes]:
+    """The extra key of the prompt-embeds rows ``[start, end)`` of a block: a SHA-256 of their dtype and bytes
+    (vLLM hashes the embeddings too: placeholder token ids alone would share blocks between different prompts).
+    Something that is not a tensor gets a key no other block has (``check_request`` rejects its request)."""
+    import torch
+
+    if not isinstance(embeds, torch.Tensor) or embeds.ndim != 2 or embeds.layout != torch.strided:
+        return ("embeds", hashlib.sha256(repr(id(embeds)).encode()).digest())
+    rows = embeds[start:end].detach().contiguous()
+    digest = hashlib.sha256(str(rows.dtype).encode())
+    digest.update(rows.reshape(-1).view(torch.uint8).cpu().numpy().tobytes())
+    return ("embeds", digest.digest())
+
+
 def get_request_block_hasher(block_size: int, hash_fn: HashFn) -> Callable[[Request], list[bytes]]:
     """A ``Request`` block hasher: called after tokens are appended, it returns the hashes of the blocks that
     became full since the last call (``request.block_hashes`` holds the earlier ones), so every full block is
@@ -120,9 +134,12 @@ def get_request_block_hasher(block_size: int, hash_fn: HashFn) -> Callable[[Requ
         # The extra keys only depend on whether the block is the first one.
         later_keys = generate_block_hash_extra_keys(request, block_size)
         new_hashes: list[bytes] = []
+        embeds = getattr(request, "prompt_embeds", None)
         while start + block_size <= num_tokens:
             end = start + block_size
             extra = later_keys if start else generate_block_hash_extra_keys(request, 0)
+            if embeds is not None and start < request.num_prompt_tokens:
+                extra = (*(extra or ()), prompt_embeds_key(embeds, start, min(end, request.num_prompt_tokens)))
             parent = hash_block_tokens(hash_fn, parent, token_ids[start:end], extra)
             new_hashes.append(parent)
             start = end

@@ -201,14 +201,16 @@ class KVCacheManager:
         num_new_computed_tokens: int = 0,
         new_computed_blocks: KVCacheBlocks | None = None,
         num_lookahead_tokens: int = 0,
+        *,
+        reserved_blocks: int = 0,
     ) -> int:
-        """How many blocks ``allocate_slots`` with the same arguments lacks (0: it would succeed); it changes
-        nothing."""
+        """How many blocks ``allocate_slots`` with the same arguments lacks (0: it would succeed) when
+        ``reserved_blocks`` must stay free after it; it changes nothing."""
         hit_blocks: Sequence[KVCacheBlock] = new_computed_blocks.blocks if new_computed_blocks else ()
         total_computed, num_tokens_need_slot = self._span(
             request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens
         )
-        return self._num_short(request.request_id, total_computed, num_tokens_need_slot, hit_blocks)
+        return self._num_short(request.request_id, total_computed, num_tokens_need_slot, hit_blocks, reserved_blocks)
 
     def _span(
         self, request: Request, num_new_tokens: int, num_new_computed_tokens: int, num_lookahead_tokens: int
@@ -218,13 +220,18 @@ class KVCacheManager:
         return total_computed, min(total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
 
     def _num_short(
-        self, request_id: str, total_computed: int, num_tokens_need_slot: int, hit_blocks: Sequence[KVCacheBlock]
+        self,
+        request_id: str,
+        total_computed: int,
+        num_tokens_need_slot: int,
+        hit_blocks: Sequence[KVCacheBlock],
+        reserved_blocks: int = 0,
     ) -> int:
         # Blocks leaving a sliding window make room, but are only released once the allocation is sure to fit:
         # a refused allocation changes nothing.
         num_to_allocate = self.manager.get_num_blocks_to_allocate(request_id, num_tokens_need_slot, hit_blocks)
         num_freed = self.manager.num_freed_by_skipping(request_id, total_computed)
-        return max(0, num_to_allocate - self.block_pool.get_num_free_blocks() - num_freed)
+        return max(0, num_to_allocate + reserved_blocks - self.block_pool.get_num_free_blocks() - num_freed)
 
     def _record_lookup(self, request: Request, num_hit_tokens: int) -> None:
         if not self.enable_caching or request.num_computed_tokens or _skips_prefix_cache(request):

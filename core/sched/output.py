@@ -30,6 +30,8 @@ class NewRequestData:
     output_token_ids: list[int] = field(default_factory=list)
     lora_request: LoRARequest | None = None
     pooling_params: PoolingParams | None = None  # a request to a pooling model
+    # An embeds prompt's float tensor [num_prompt_tokens, hidden_size] (prompt_token_ids are placeholders then).
+    prompt_embeds: Any = None
 
     @classmethod
     def from_request(cls, request: Request, block_ids: list[int]) -> NewRequestData:
@@ -42,6 +44,7 @@ class NewRequestData:
             output_token_ids=list(request.output_token_ids),
             lora_request=request.lora_request,
             pooling_params=request.pooling_params,
+            prompt_embeds=request.prompt_embeds,
         )
 
 

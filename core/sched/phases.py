@@ -210,21 +210,44 @@ def _admit_waiting(scheduler: Scheduler, step: StepState, skipped: list[Request]
                 break  # whole prompt or nothing
             num_new = num_to_compute
         lookahead = 0 if load_async else scheduler.num_lookahead_tokens
+        num_needed, num_short = _admission_gates(scheduler, request, num_computed + num_new, num_hit, hit_blocks)
         # Externally loaded blocks are cached only once the load is known to have worked.
-        new_blocks = kv.allocate_slots(
-            request,
-            num_external + num_new,
-            num_hit,
-            hit_blocks,
-            num_lookahead_tokens=lookahead,
-            delay_cache_blocks=num_external > 0,
-        )
+        new_blocks = None
+        if not num_short:
+            new_blocks = kv.allocate_slots(
+                request,
+                num_external + num_new,
+                num_hit,
+                hit_blocks,
+                num_lookahead_tokens=lookahead,
+                delay_cache_blocks=num_external > 0,
+            )
         if new_blocks is not None:
             _place_allocated(scheduler, request, num_new, num_hit, num_external, load_async, step, skipped)
             continue
-        num_short = kv.get_num_blocks_short(request, num_external + num_new, num_hit, hit_blocks, lookahead)
-        if not _retry_blocked_head(scheduler, request, num_computed + num_new, num_short, skipped):
+        num_short = num_short or kv.get_num_blocks_short(
+            request, num_external + num_new, num_hit, hit_blocks, lookahead
+        )
+        if not _retry_blocked_head(scheduler, request, num_needed, num_short, skipped):
             break  # out of blocks: no preemption to admit
+
+
+def _admission_gates(
+    scheduler: Scheduler, request: Request, num_tokens: int, num_hit: int, hit_blocks: KVCacheBlocks
+) -> tuple[int, int]:
+    """The admission gates for the head of the waiting queue, which this step would compute up to ``num_tokens``
+    tokens: the tokens that must fit (``Scheduler.admission_num_tokens``) and the blocks they lack with
+    ``Scheduler.admission_reserved_blocks`` kept free (0: the gates let it through to ``allocate_slots``)."""
+    num_needed = max(num_tokens, scheduler.admission_num_tokens(request, num_tokens))
+    reserved = scheduler.admission_reserved_blocks(request)
+    if num_needed == num_tokens and not reserved:
+        return num_tokens, 0  # the allocation of this step's tokens decides alone
+    num_new = num_needed - request.num_computed_tokens - num_hit
+    kv = scheduler.kv_cache_manager
+    num_short = kv.get_num_blocks_short(
+        request, num_new, num_hit, hit_blocks, scheduler.num_lookahead_tokens, reserved_blocks=reserved
+    )
+    return num_needed, num_short
 
 
 def _match_external(

@@ -56,6 +56,9 @@ class Scheduler(SchedulerInterface):
       before any allocation decision.
     - :meth:`on_request_arrival` — bookkeeping when a request arrives, before it is queued.
     - :meth:`on_request_admitted` — bookkeeping when a waiting request is admitted to running.
+    - :meth:`admission_num_tokens` / :meth:`admission_reserved_blocks` — the admission gates: how much of a
+      waiting request must fit in free KV blocks (vLLM's ``scheduler_reserve_full_isl``) and how many blocks must
+      stay free after it (vLLM's ``watermark``).
     - :meth:`on_admission_blocked` — the head of the waiting queue cannot get KV blocks: release blocks held
       outside the scheduler's requests (e.g. pins) and retry, or stop admitting for this step.
     - :meth:`on_running_allocation_failed` — a running request cannot get KV blocks: release blocks held outside
@@ -100,6 +103,7 @@ class Scheduler(SchedulerInterface):
         self._init_limits(config)
         self.sliding_window = sliding_window
         self.kv_cache_manager = self._make_kv_cache_manager(num_blocks, sliding_window)
+        self.watermark_blocks = int(config.scheduler_config.watermark * num_blocks)
         self.block_hasher = (
             get_request_block_hasher(self.block_size, get_hash_fn(self.cache_config.prefix_caching_hash_algo))
             if self.enable_caching
@@ -132,6 +136,7 @@ class Scheduler(SchedulerInterface):
         self.max_num_scheduled_tokens = sched.max_num_batched_tokens
         self.enable_chunked_prefill = sched.enable_chunked_prefill
         self.long_prefill_token_threshold = sched.long_prefill_token_threshold
+        self.scheduler_reserve_full_isl = sched.scheduler_reserve_full_isl
         self.num_lookahead_tokens = sched.num_lookahead_tokens
         self.block_size = cache.block_size
         self.enable_caching = cache.enable_prefix_caching
@@ -218,6 +223,21 @@ class Scheduler(SchedulerInterface):
     def on_session_resumed(self, request: Request) -> None:
         """Bookkeeping when a session's next input chunk starts its next turn (``request`` is queued, WAITING, with
         the chunk's tokens appended and its sampling parameters). Default: nothing."""
+
+    def admission_num_tokens(self, request: Request, num_tokens: int) -> int:
+        """How many tokens of the waiting ``request`` need KV blocks for it to be admitted now, when this step would
+        compute it up to ``num_tokens`` tokens (its first prefill chunk).
+
+        Default: its whole current sequence (the prompt, plus the outputs of a preempted request) with
+        ``scheduler_reserve_full_isl`` (vLLM's default), so a prompt is not admitted only to be preempted a chunk
+        later; ``num_tokens`` (eager, chunk by chunk) without it.
+        """
+        return max(num_tokens, request.num_tokens) if self.scheduler_reserve_full_isl else num_tokens
+
+    def admission_reserved_blocks(self, request: Request) -> int:
+        """KV blocks that must stay free after the waiting ``request`` is admitted. Default: vLLM's ``watermark``
+        (that fraction of all blocks) while any request runs, else 0 (a lone request may use the whole cache)."""
+        return self.watermark_blocks if self.running else 0
 
     def on_admission_blocked(self, request: Request) -> bool:
         """The head of the waiting queue, ``request``, cannot get KV blocks (and nothing was preempted this step).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from vllite.repetition import STOP_REASON, check_sequence_repetition, ends_request
 from vllite.request import Request, RequestStatus
 
 
@@ -11,7 +12,9 @@ def check_stop(request: Request, max_model_len: int) -> bool:
     In order: the context is full (``num_tokens >= max_model_len``) → LENGTH; fewer than ``min_tokens`` outputs →
     keep going; the EOS token (unless ``ignore_eos``) → STOP with ``stop_reason`` None; a token of
     ``sampling_params.all_stop_token_ids`` → STOP with ``stop_reason`` = that token id; ``max_tokens`` outputs →
-    LENGTH. The context limit comes first because no further token could be computed past it.
+    LENGTH; the output ending in a repeated pattern (``repetition_detection``, unless its scope is the reasoning
+    section only) → REPETITION with ``stop_reason`` ``"repetition_detected"``, as in vLLM. The context limit comes
+    first because no further token could be computed past it.
     """
     if request.num_tokens >= max_model_len:
         request.status = RequestStatus.FINISHED_LENGTH_CAPPED
@@ -30,5 +33,14 @@ def check_stop(request: Request, max_model_len: int) -> bool:
         return True
     if num_output >= request.max_tokens:
         request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        return True
+    detection = params.repetition_detection
+    if (
+        detection is not None
+        and ends_request(params)
+        and check_sequence_repetition(request.output_token_ids, detection)
+    ):
+        request.status = RequestStatus.FINISHED_REPETITION
+        request.stop_reason = STOP_REASON
         return True
     return False

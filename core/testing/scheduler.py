@@ -119,6 +119,8 @@ def make_config(
     scheduling_policy: str = "fcfs",
     policy_args: dict[str, Any] | None = None,
     tool_call_estimator: str = "utility",
+    scheduler_reserve_full_isl: bool = True,
+    watermark: float = 0.0,
 ) -> EngineConfig:
     """A small ``EngineConfig`` for scheduler tests, with the limits an engine would have settled on."""
     from vllite.config import CacheConfig, EngineConfig, SchedulerConfig
@@ -134,6 +136,8 @@ def make_config(
             scheduling_policy=scheduling_policy,
             policy_args=dict(policy_args or {}),
             tool_call_estimator=tool_call_estimator,
+            scheduler_reserve_full_isl=scheduler_reserve_full_isl,
+            watermark=watermark,
         ),
         cache_config=CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching),
     )

@@ -88,6 +88,7 @@ class AsyncMPClient(MPClient):
             await event.wait()
 
     async def add_request_async(self, request: EngineCoreRequest) -> None:
+        request.client_index = self.client_index
         self._send_input(EngineCoreRequestType.ADD, request)
 
     async def abort_requests_async(self, request_ids: list[str]) -> None:

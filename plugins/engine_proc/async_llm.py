@@ -37,6 +37,7 @@ from vllite.engine.stats import IterationStats
 from vllite.exceptions import EngineClientClosedError, EngineDeadError, RequestProcessingError
 from vllite.lora import LoRARequest
 from vllite.outputs import PoolingRequestOutput, RequestOutput
+from vllite.plugins.engine_proc.admission import admit
 from vllite.plugins.engine_proc.output_handler import call_in_loop, output_handler, record_aborted
 from vllite.plugins.engine_proc.stat_loggers import StatLogger, StatLoggerFactory, build_stat_loggers
 from vllite.plugins.engine_proc.streaming_input import stream_session
@@ -116,7 +117,9 @@ class AsyncLLM:
         lora_request: LoRARequest | None = None,
     ) -> Any:
         """Validates and submits one prompt; returns its ``RequestOutputCollector``. ``data_parallel_rank``: the
-        data-parallel engine that must serve it (default: the client's router chooses)."""
+        data-parallel engine that must serve it (default: the client's router chooses). ``QueueOverflowError`` /
+        ``MaxQueuedTokensError`` (HTTP 503) when ``max_num_queued_reqs`` / ``max_num_queued_tokens`` refuse it
+        (``vllite.plugins.engine_proc.admission``)."""
         queue, _ = await self._submit(
             request_id,
             prompt,
@@ -157,6 +160,9 @@ class AsyncLLM:
             or not 0 <= data_parallel_rank < size
         ):
             raise ValueError(f"data_parallel_rank must be an integer in [0, {size}), got {data_parallel_rank!r}.")
+        # Admission control (--max-num-queued-reqs/-tokens); no await from here until prepare() has registered it.
+        n = params.n if isinstance(params, SamplingParams) else 1
+        admit(self.config.scheduler_config, self.output_processor, self.stat_loggers, n)
         kind = params.output_kind if isinstance(params, SamplingParams) else RequestOutputKind.FINAL_ONLY
         queue = RequestOutputCollector(output_kind=kind, keep_turns=resumable)
         engine_ids = []
@@ -325,10 +331,17 @@ class AsyncLLM:
         await self.engine_core.call_utility_async("resume_scheduler")
 
     async def sleep(self, level: int = 1, mode: str = "abort") -> None:
-        """Pauses (``mode``) and frees memory (``level``); returns once the engine sleeps."""
+        """Pauses (``mode``) and frees memory (``level``); returns once the engine sleeps. Levels 1 and 2 need
+        ``enable_sleep_mode=True`` (``ValueError`` otherwise, as vLLM)."""
+        from vllite.engine.core import check_sleep_mode
+
+        check_sleep_mode(self.config, "sleep", level=level)
         await self.engine_core.call_utility_async("sleep", level, mode)
 
     async def wake_up(self, tags: list[str] | None = None) -> None:
+        from vllite.engine.core import check_sleep_mode
+
+        check_sleep_mode(self.config, "wake_up", tags=[t for t in tags or () if t != "scheduling"])
         await self.engine_core.call_utility_async("wake_up", tags)
 
     async def is_sleeping(self) -> bool:

@@ -39,6 +39,7 @@ from vllite.protocol import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequ
 
 from .client_io import _fail_pending, process_outputs_socket
 from .client_resources import BackgroundResources
+from .shared_engine import add_client_addresses, api_server_count, attach_info, bind_attached, wait_attached
 from .spawning import main_module_hidden_from_spawn, sigint_blocked
 from .utils import (
     EndpointFactory,
@@ -93,6 +94,11 @@ class MPClient(EngineCoreClient):
         self._launch_args = (log_stats, executor_class, dict(env_overrides or {}))
         self._handshake: zmq.Socket | None = None
         self._addresses: EngineZmqAddresses | None = None
+        # Several API servers on one engine (shared_engine.py): this one's index, and the engine's pidfd when it
+        # joins an engine another frontend started.
+        self._attach = attach_info(config)
+        self.client_index = self._attach.client_index if self._attach is not None else 0
+        self.engine_sentinel: int | None = None
         if not deferred:
             try:
                 self.start_engine()
@@ -103,7 +109,11 @@ class MPClient(EngineCoreClient):
 
     # ------------------------------------------------------------------ launch
     def start_engine(self) -> None:
-        """Binds the sockets and starts the engine process (returns at once; ``wait_until_ready()`` follows)."""
+        """Binds the sockets and starts the engine process (returns at once; ``wait_until_ready()`` follows); an
+        attached client (``shared_engine.py``) binds its sockets only."""
+        if self._attach is not None:
+            bind_attached(self, self._attach)
+            return
         config = self.config
         log_stats, executor_class, env_overrides = self._launch_args
         res = self.resources
@@ -126,6 +136,7 @@ class MPClient(EngineCoreClient):
             inputs=[endpoints.bind(res.input_socket, "input")],
             outputs=[endpoints.bind(res.output_socket, "output")],
         )
+        add_client_addresses(self._addresses, endpoints, api_server_count(config))
         mp = multiprocessing.get_context("spawn")
         child_conn, res.parent_conn = mp.Pipe(duplex=False)
         env = {k: v for k, v in os.environ.items() if k.startswith(_PASSED_ENV_PREFIXES)}
@@ -149,6 +160,11 @@ class MPClient(EngineCoreClient):
     def wait_until_ready(self) -> None:
         """Completes the handshake of a started engine and starts the output thread; raises
         ``EngineStartupError`` (or ``TimeoutError``) if the engine fails to come up."""
+        if self._attach is not None:
+            self.engine_info = wait_attached(self)
+            confine_frontend(resolve_plan())
+            self._start_output_thread()
+            return
         handshake, addresses = self._handshake, self._addresses
         assert handshake is not None and addresses is not None, "start_engine() first"
         try:
@@ -208,10 +224,11 @@ class MPClient(EngineCoreClient):
         res = self.resources
         res.shutdown_path = f"inproc://vllite-output-shutdown-{id(self):x}-{os.getpid()}"
         sink = self._make_output_sink()
+        sentinel = res.proc.sentinel if res.proc is not None else self.engine_sentinel
         started = threading.Event()
         res.output_thread = threading.Thread(
             target=process_outputs_socket,
-            args=(res, res.output_socket, res.shutdown_path, res.proc.sentinel, self.utility_results, sink, started),
+            args=(res, res.output_socket, res.shutdown_path, sentinel, self.utility_results, sink, started),
             name="EngineCoreOutputQueueThread",
             daemon=True,
         )
@@ -278,7 +295,7 @@ class MPClient(EngineCoreClient):
     def _send_utility(self, method: str, args: tuple[Any, ...]) -> Future:
         call_id, future = self._new_utility_future(method)
         try:
-            self._send_input(EngineCoreRequestType.UTILITY, (0, call_id, method, list(args)))
+            self._send_input(EngineCoreRequestType.UTILITY, (self.client_index, call_id, method, list(args)))
         except BaseException:
             self.utility_results.pop(call_id, None)
             raise
@@ -286,6 +303,7 @@ class MPClient(EngineCoreClient):
 
     # ------------------------------------------------------------------ requests (blocking; also for AsyncMPClient)
     def add_request(self, request: EngineCoreRequest) -> None:
+        request.client_index = self.client_index
         self._send_input(EngineCoreRequestType.ADD, request)
 
     def abort_requests(self, request_ids: list[str]) -> None:

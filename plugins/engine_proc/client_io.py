@@ -74,12 +74,17 @@ def process_outputs_socket(
                     )
                 if resources.closed:
                     break
-                raise resources.mark_dead(_death_message(resources.proc))
+                message, on_request = _exit_message(resources.proc)
+                resources.stopped_on_request = on_request
+                raise resources.mark_dead(message)
     except BaseException as exc:
         if isinstance(exc, EngineDeadError) or resources.engine_dead:
             if not isinstance(exc, EngineDeadError):
                 resources.mark_dead(f"The engine core died: {type(exc).__name__}: {exc}")
-            logger.error("Engine core died: %s", resources.dead_message)
+            if resources.stopped_on_request:  # SIGTERM to the process group (docker stop): not a death
+                logger.info("%s", resources.dead_message)
+            else:
+                logger.error("Engine core died: %s", resources.dead_message)
             exc = resources.dead_error()
         elif resources.closed:
             return
@@ -95,17 +100,30 @@ def process_outputs_socket(
         out_socket.close(linger=0)
 
 
-def _death_message(proc: Any) -> str:
-    """Why a process that exited without a word is dead: the signal that killed it, else its exit code."""
+def _exit_message(proc: Any) -> tuple[str, bool]:
+    """Why a process that exited without a word is gone, and whether it was told to stop: exit code 0 is the
+    engine's own clean exit after a shutdown request (SIGTERM: the drain, then exit), and SIGTERM's exit code
+    (killed by it, or ``128 + 15`` while starting) is that signal too. Anything else is an unexpected death: the
+    signal that killed it, else its exit code."""
+    if proc is None:  # an engine another frontend started (--api-server-count): its exit code is not ours to read
+        return "The engine core process (started by API server 0) exited unexpectedly; see its log above.", False
     deadline = time.monotonic() + 1.0  # its sentinel fires as it exits, a moment before it can be reaped
     exitcode = peek_exit_code(proc)  # never reaps: that is the owner's join, on another thread
     while exitcode is None and time.monotonic() < deadline:
         time.sleep(0.01)
         exitcode = peek_exit_code(proc)
     signal_name = exit_signal_name(exitcode)
+    if exitcode == 0 or signal_name == "SIGTERM":
+        how = "exit code 0" if exitcode == 0 else f"ended by {signal_name}"
+        return (
+            f"The engine core process shut down on request ({how}: it received SIGTERM or a shutdown request); "
+            "this client serves no more requests.",
+            True,
+        )
     if signal_name is not None:
-        return f"The engine core process died unexpectedly: it was killed by {signal_name}."
-    return f"The engine core process died unexpectedly (exit code {exitcode}); see its log above for the cause."
+        return f"The engine core process died unexpectedly: it was killed by {signal_name}.", False
+    message = f"The engine core process died unexpectedly (exit code {exitcode}); see its log above for the cause."
+    return message, False
 
 
 def _handle_output_frames(

@@ -41,6 +41,7 @@ class BackgroundResources:
     heartbeat_timeout_s: float = 60.0
     engine_dead: bool = False
     dead_message: str | None = None
+    stopped_on_request: bool = False  # the engine exited because it was told to (SIGTERM), not a crash
     closed: bool = False
     send_lock: threading.Lock = field(default_factory=threading.Lock)
 

@@ -191,7 +191,8 @@ class EngineIOThreads:
                         # over); the announcement is not repeated.
                         data_socket, address = monitors.pop(socket)
                         self.dropped_frames(
-                            "connection from %s dropped (a frame over MAXMSGSIZE?); reconnecting", address
+                            "connection from %s dropped (a frame over MAXMSGSIZE, or the client exited); reconnecting",
+                            address,
                         )
                         for closing in (socket, data_socket):
                             poller.unregister(closing)

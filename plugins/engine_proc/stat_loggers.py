@@ -39,6 +39,8 @@ class StatLogger(Protocol):
     ``scheduler_stats`` is the engine's latest ``SchedulerStats`` when the batch carried one (its prefix-cache
     and preemption counts are deltas since the previous one), ``iteration_stats`` the batch's figures;
     ``engine_index`` names the engine that sent them. Called on the event loop: it must be quick and not block.
+    A logger may also have ``record_admission_rejection(reason)``: ``AsyncLLM`` calls it for each request its
+    admission limits refuse (``vllite.plugins.engine_proc.admission``).
     """
 
     def record(

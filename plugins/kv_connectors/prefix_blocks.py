@@ -13,7 +13,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from vllite.kv_cache.hashing import generate_block_hash_extra_keys, hash_block_tokens, sha256_hash
+from vllite.kv_cache.hashing import (
+    generate_block_hash_extra_keys,
+    hash_block_tokens,
+    prompt_embeds_key,
+    sha256_hash,
+)
 from vllite.plugins.kv_connectors.transfers import BlockTransfer
 
 if TYPE_CHECKING:
@@ -26,12 +31,15 @@ NULL_BLOCK_ID = 0
 
 def prefix_block_names(request: Request, block_size: int, seed: bytes) -> list[str]:
     """The name of every full prompt block of ``request``: the hex hash chain of its prefixes (token ids, plus the
-    LoRA adapter and cache salt as the prefix cache hashes them), started from ``seed``."""
+    LoRA adapter, cache salt and prompt-embeds rows as the prefix cache hashes them), started from ``seed``."""
     tokens = request.prompt_token_ids
     names: list[str] = []
     parent = seed
     for start in range(0, len(tokens) - block_size + 1, block_size):
         extra = generate_block_hash_extra_keys(request, start)
+        embeds = getattr(request, "prompt_embeds", None)
+        if embeds is not None:  # placeholder ids: the embedding rows name the block
+            extra = (*(extra or ()), prompt_embeds_key(embeds, start, start + block_size))
         parent = hash_block_tokens(sha256_hash, parent, tokens[start : start + block_size], extra)
         names.append(parent.hex())
     return names

@@ -201,13 +201,17 @@ async def cancel_on_disconnect(request: Request, work: Awaitable[Any]) -> Any:
         watcher.cancel()
         if not task.done():
             task.cancel()
+            # Let the cancellation run to its end (the work's cleanup aborts its engine requests) before the task
+            # is read; asyncio.wait neither raises the work's error nor hides a cancellation of this coroutine.
+            await asyncio.wait({task})
+    left = watcher.done() and not watcher.cancelled() and watcher.exception() is None
     if task.cancelled():
         return Response(status_code=499)  # nobody is listening; nginx's "client closed request"
-    result = task.result()
-    if isinstance(result, EventStream) and watcher.done() and not watcher.cancelled():
-        await result.close()  # the client left between submitting and streaming
-        return Response(status_code=499)
-    return result
+    if left and task.exception() is None and isinstance(task.result(), EventStream):
+        await task.result().close()  # the client left between submitting and streaming
+    if left:
+        return Response(status_code=499)  # whatever the work ended with, nobody reads it
+    return task.result()
 
 
 def _respond(result: Any) -> Response:

@@ -55,6 +55,7 @@ async def run_beam_search(
     lora_request: Any = None,
     priority: int = 0,
     data_parallel_rank: int | None = None,
+    cache_salt: str | None = None,
 ) -> list[RequestOutput]:
     """One finished ``RequestOutput`` per prompt whose ``outputs`` are its best sequences (``index`` = rank), with
     their generated text, token ids, cumulative logprob, per-position logprobs and finish reason."""
@@ -85,6 +86,7 @@ async def run_beam_search(
             priority=priority,
             data_parallel_rank=data_parallel_rank,
             lora_request=lora_request,
+            cache_salt=cache_salt,
         )
         finals: dict[int, RequestOutput] = {}
         try:

@@ -7,7 +7,8 @@ Tool calling, by ``tool_choice``:
   answer carries ``tool_calls`` and ``finish_reason="tool_calls"``, and the text outside the calls as content.
   Streaming withholds text from where a call may begin, then sends each call as one ``tool_calls`` delta.
 - ``required``: the reply is constrained (structured outputs) to vLLM's JSON format ``[{"name": ...,
-  "parameters": {...}}]``: one or more calls of the given tools, each with arguments valid for its schema.
+  "parameters": {...}}]``: one or more calls of the given tools, each with arguments valid for its schema. Cut short
+  by ``max_tokens``, it keeps the calls it completed (no content, ``finish_reason="length"``, as vLLM).
 - a named function: the whole text is that function's arguments (vLLM's behaviour), constrained to its schema and
   streamed as argument deltas.
 
@@ -150,6 +151,7 @@ async def start_chat(
             beam_params,
             lora_request=lora_request,
             priority=request.priority,
+            cache_salt=request.cache_salt,
             data_parallel_rank=data_parallel_rank,
         )
         return ChatRun(mode, reasoning, Submitted(ctx.engine, []), request_id, model, prompt_ids, final)
@@ -160,6 +162,7 @@ async def start_chat(
         [prompt_ids],
         params,
         priority=request.priority,
+        cache_salt=request.cache_salt,
         data_parallel_rank=data_parallel_rank,
         lora_request=lora_request,
     )
@@ -299,28 +302,43 @@ async def _stream(
 def _stream_choices(
     ctx: ServerContext, request: ChatCompletionRequest, mode: ToolMode, extractor: Any, sample: CompletionOutput
 ) -> list[ChatStreamChoice]:
-    """The choices one sample's step delta becomes: content and tool-call deltas, then its finish."""
-    index = sample.index
+    """The choice (at most one: a chunk has one choice per index, as vLLM's) one sample's step delta becomes: its
+    content and tool-call deltas merged, with its finish."""
     deltas = extractor.feed(sample.text)
     finished = sample.finish_reason is not None
     calls: list[DeltaToolCall] = []
     if finished:
         more, calls = extractor.finish()
         deltas.extend(more)
+    delta = merge_deltas(deltas)
     logprobs = _logprobs(ctx, request, sample)
     token_ids = list(sample.token_ids) if request.return_token_ids else None
-    choices = [ChatStreamChoice(index=index, delta=delta, logprobs=None, finish_reason=None) for delta in deltas[:-1]]
-    last = deltas[-1] if deltas else None
-    if last is not None or logprobs is not None or token_ids or finished:
-        finish_reason = mode.finish_reason(sample.finish_reason, calls) if finished else None
-        choices.append(
-            ChatStreamChoice(
-                index=index,
-                delta=last or DeltaMessage(),
-                logprobs=logprobs,
-                finish_reason=finish_reason,
-                stop_reason=sample.stop_reason if finished else None,
-                token_ids=token_ids,
-            )
+    if delta is None and logprobs is None and not token_ids and not finished:
+        return []
+    return [
+        ChatStreamChoice(
+            index=sample.index,
+            delta=delta or DeltaMessage(),
+            logprobs=logprobs,
+            finish_reason=mode.finish_reason(sample.finish_reason, calls) if finished else None,
+            stop_reason=sample.stop_reason if finished else None,
+            token_ids=token_ids,
         )
-    return choices
+    ]
+
+
+def merge_deltas(deltas: list[DeltaMessage]) -> DeltaMessage | None:
+    """One delta for a sample's deltas of one step (reasoning, content, tool calls): texts joined in order, the
+    tool-call deltas listed in order; ``None`` for none."""
+    if len(deltas) <= 1:
+        return deltas[0] if deltas else None
+    merged = DeltaMessage()
+    for delta in deltas:
+        merged.role = delta.role if delta.role is not None else merged.role
+        for name in ("content", "reasoning_content", "reasoning"):
+            text = getattr(delta, name)
+            if text is not None:
+                setattr(merged, name, (getattr(merged, name) or "") + text)
+        if delta.tool_calls:
+            merged.tool_calls = [*(merged.tool_calls or []), *delta.tool_calls]
+    return merged

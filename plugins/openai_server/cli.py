@@ -92,6 +92,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="Prefix of the /metrics names: vllite (default) or vllm (vLLM's names, for dashboards built for vLLM).",
     )
     add(
+        "--api-server-count",
+        "-asc",
+        type=int,
+        default=None,
+        help="API-server processes sharing one engine process and the port (default 1); see docs/serving.md.",
+    )
+    add(
         "--otlp-traces-endpoint",
         default=None,
         metavar="URL",
@@ -251,6 +258,7 @@ def run_server(args: argparse.Namespace) -> int:
     from vllite.assets import default_model_path
     from vllite.config import EngineArgs
     from vllite.plugins.commands.engine_flags import check_engine_args
+    from vllite.plugins.openai_server.api_servers import ApiServers, resolve_api_server_count
     from vllite.plugins.openai_server.parser_plugins import share_tool_parser
 
     if args.model_tag and args.model and args.model_tag != args.model:
@@ -262,18 +270,23 @@ def run_server(args: argparse.Namespace) -> int:
     engine_args = EngineArgs.from_cli_args(args)
     share_tool_parser(engine_args, settings.tool_call_parser)  # Continuum names tools with the server's parser
     check_engine_args(engine_args)  # a mistake that needs no model fails in a second, before the engine starts
+    count = resolve_api_server_count(args, engine_args)
     if args.profiler_dir:  # read by the engine process (it inherits this environment) when a trace starts
         os.environ[PROFILER_DIR_ENV] = os.path.abspath(os.path.expanduser(args.profiler_dir))
     sock = bind_socket(args.host, args.port)
+    servers = ApiServers(count, args, sock)  # --api-server-count: this process is API server 0 of `count`
     try:
         engine, metrics = _start_engine(engine_args, settings, args)
         try:
+            servers.start(engine)
             ctx = ServerContext(engine, settings, metrics=metrics)
-            run_event_loop(_serve(ctx, sock, args))
+            run_event_loop(_serve(ctx, sock, args, servers))
         finally:
+            servers.stop()
             engine.shutdown()
     finally:
         sock.close()
+        servers.cleanup()
     return 0
 
 
@@ -295,11 +308,19 @@ def demo_model_defaults(engine_args: Any) -> None:
         engine_args.structured_outputs_config = {**config, "disable_any_whitespace": True}
 
 
-def _start_engine(engine_args: Any, settings: ServerSettings, args: argparse.Namespace) -> tuple[Any, Any]:
+def _start_engine(
+    engine_args: Any, settings: ServerSettings, args: argparse.Namespace, config: Any = None
+) -> tuple[Any, Any]:
     """The engine, and its Prometheus logger (``None`` with ``--disable-log-stats``); with
     ``--otlp-traces-endpoint``, a request tracer among its stat loggers (stats are then collected even with
-    ``--disable-log-stats``, as tracing needs them)."""
+    ``--disable-log-stats``, as tracing needs them). ``config``: an engine config made already (an API server
+    joining the engine of API server 0) instead of one from ``engine_args``."""
     from vllite.plugins.engine_proc.async_llm import AsyncLLM
+
+    def make(**kwargs: Any) -> AsyncLLM:
+        if config is not None:
+            return AsyncLLM(config=config, **kwargs)
+        return AsyncLLM.from_engine_args(engine_args, **kwargs)
 
     demo_model_defaults(engine_args)
     name = settings.served_model_names[0]
@@ -310,7 +331,7 @@ def _start_engine(engine_args: Any, settings: ServerSettings, args: argparse.Nam
 
         loggers.append(RequestTracer(make_tracer_provider(endpoint), model_name=name))
     if engine_args.disable_log_stats and not loggers:
-        return AsyncLLM.from_engine_args(engine_args), None
+        return make(), None
     metrics_index = None
     if not engine_args.disable_log_stats:
         from vllite.plugins.openai_server.metrics import PrometheusStatLogger
@@ -319,7 +340,7 @@ def _start_engine(engine_args: Any, settings: ServerSettings, args: argparse.Nam
         metrics_index = len(loggers)
         loggers.append(lambda info: PrometheusStatLogger(name, info, prefix=prefix, cache_config=cache_config))
     engine_args.disable_log_stats = False
-    engine = AsyncLLM.from_engine_args(engine_args, stat_loggers=loggers)
+    engine = make(stat_loggers=loggers)
     return engine, engine.stat_loggers[metrics_index] if metrics_index is not None else None
 
 
@@ -345,12 +366,15 @@ def run_event_loop(main: Any) -> None:
     uvloop.run(main)
 
 
-async def _serve(ctx: ServerContext, sock: socket.socket, args: argparse.Namespace) -> None:
+async def _serve(ctx: ServerContext, sock: socket.socket, args: argparse.Namespace, role: Any = None) -> None:
+    """Serves ``ctx`` on ``sock``; ``role`` (``api_servers.py``): this process's part among several API servers."""
     import uvicorn
 
     from vllite.plugins.openai_server.app import build_app
 
     app: Any = build_app(ctx)
+    if role is not None:
+        app = role.wrap(app)
     if getattr(args, "otlp_traces_endpoint", None):
         from vllite.plugins.openai_server.tracing import TraceContextMiddleware
 
@@ -370,6 +394,11 @@ async def _serve(ctx: ServerContext, sock: socket.socket, args: argparse.Namespa
         ssl_cert_reqs=args.ssl_cert_reqs,
     )
     server = _graceful_server(config, ctx, args.shutdown_timeout)
+    if role is not None:
+        role.started(server)
+        if not role.banner:
+            await server.serve(sockets=[sock])
+            return
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     scheme = "https" if args.ssl_certfile else "http"

@@ -79,7 +79,8 @@ async def create_completion(
         )
     if request.suffix is not None:
         raise BadRequestError("suffix is not supported.", param="suffix")
-    prompts = normalize_prompts(request.prompt)
+    embeds_prompts = _embeds_prompts(ctx, request)
+    prompts = normalize_prompts(request.prompt) if request.prompt not in (None, "") or not embeds_prompts else []
     echo_logprobs = request.echo and request.logprobs is not None
     params = build_sampling_params(
         request,
@@ -93,7 +94,7 @@ async def create_completion(
     request_id = request.request_id or random_id("cmpl-")
     if request.use_beam_search:
         return await _beam_search(ctx, request, prompts, request_id, model, lora_request, data_parallel_rank)
-    engine_prompts = _engine_prompts(ctx, request, prompts)
+    engine_prompts = embeds_prompts + _engine_prompts(ctx, request, prompts)
     check_max_tokens(
         request.max_tokens if "max_tokens" in request.model_fields_set else None,
         _token_counts(engine_prompts),
@@ -101,19 +102,35 @@ async def create_completion(
         param="max_tokens",
         truncate_prompt_tokens=request.truncate_prompt_tokens,
     )
-    ctx.log_prompt(request_id, prompts, params)
+    ctx.log_prompt(request_id, ["<prompt_embeds>"] * len(embeds_prompts) + prompts, params)
     submitted = await submit(
         ctx.engine,
         request_id,
         engine_prompts,
         params,
         priority=request.priority,
+        cache_salt=request.cache_salt,
         data_parallel_rank=data_parallel_rank,
         lora_request=lora_request,
     )
     if request.stream:
         return EventStream(_stream(ctx, request, submitted, request_id, model), submitted.abort_unfinished)
     return await _collect(ctx, request, submitted, request_id, model)
+
+
+def _embeds_prompts(ctx: ServerContext, request: CompletionRequest) -> list[dict[str, Any]]:
+    """The request's ``prompt_embeds`` as engine prompts (they come before the ``prompt`` prompts, as in vLLM);
+    ``BadRequestError`` for a bad tensor, a server without ``--enable-prompt-embeds``, or what embeds cannot do."""
+    if request.prompt_embeds is None:
+        if request.prompt is None:
+            raise BadRequestError("Either prompt or prompt_embeds must be provided.", param="prompt")
+        return []
+    for field, unsupported in (("echo", request.echo), ("use_beam_search", request.use_beam_search)):
+        if unsupported:
+            raise BadRequestError(f"{field} is not supported with prompt_embeds.", param=field)
+    from vllite.plugins.openai_server.prompt_embeds import load_prompt_embeds
+
+    return load_prompt_embeds(request.prompt_embeds, ctx.engine.engine_info, request.truncate_prompt_tokens)
 
 
 def _engine_prompts(ctx: ServerContext, request: CompletionRequest, prompts: list[str | list[int]]) -> list[Any]:
@@ -137,7 +154,11 @@ def _engine_prompts(ctx: ServerContext, request: CompletionRequest, prompts: lis
 
 def _token_counts(prompts: list[Any]) -> list[int]:
     """The token count of each prompt given as ids (texts the server did not tokenize are not counted)."""
-    return [len(p) if isinstance(p, list) else len(p["prompt_token_ids"]) for p in prompts if not isinstance(p, str)]
+    return [
+        len(p) if isinstance(p, list) else len(p.get("prompt_embeds", p.get("prompt_token_ids")))
+        for p in prompts
+        if not isinstance(p, str)
+    ]
 
 
 def _encode_plain(ctx: ServerContext, text: str) -> list[int]:
@@ -182,6 +203,7 @@ async def _beam_search(
         prompt_texts=[p if isinstance(p, str) else None for p in prompts],
         lora_request=lora_request,
         priority=request.priority,
+        cache_salt=request.cache_salt,
         data_parallel_rank=data_parallel_rank,
     )
     return _response(ctx, request, dict(enumerate(outputs)), request_id, model)

@@ -1,8 +1,9 @@
 """Every failure as OpenAI's error object, with the status a client can act on; never a traceback in the body.
 
 400 a bad parameter (naming it), 401 a bad key, 404 an unknown model or route, 503 the engine is dead or shut
-down, 500 a request the engine could not complete. Streams that fail after their first event end with one
-error event instead (the status line has gone out by then).
+down, or a request refused at admission (``--max-num-queued-reqs/-tokens``), 500 a request the engine could not
+complete. Streams that fail after their first event end with one error event instead (the status line has gone
+out by then).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import logging
 
 from vllite.exceptions import (
+    AdmissionRejectedError,
     BadRequestError,
     EngineClientClosedError,
     EngineDeadError,
@@ -42,6 +44,8 @@ def classify(exc: BaseException) -> tuple[int, ErrorResponse]:
         return 401, error_response(401, str(exc))
     if isinstance(exc, (EngineDeadError, EngineClientClosedError)):
         return 503, error_response(503, f"The engine is not available: {exc}")
+    if isinstance(exc, AdmissionRejectedError):  # vLLM's body for its admission limits, "type" included
+        return 503, ErrorResponse(error=ErrorInfo(message=str(exc), type="Service Unavailable", param=None, code=503))
     if isinstance(exc, (RequestFailedError, RequestProcessingError)):
         return 500, error_response(500, str(exc))
     if isinstance(exc, (ValueError, TypeError)):

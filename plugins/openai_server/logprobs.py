@@ -85,7 +85,8 @@ def completion_logprobs(
     only: Sequence[int] | None = None,
 ) -> CompletionLogprobs:
     """Legacy completions logprobs of ``token_ids`` (``positions[i]`` holds token i's logprobs; ``None`` for
-    an echoed first prompt token, which has none); offsets start at ``text_offset`` characters. ``as_token_ids``:
+    an echoed first prompt token, which has none); offsets start at ``text_offset`` characters. Each position's
+    ``top_logprobs`` lists its own token first, then the top ``num`` (vLLM's order). ``as_token_ids``:
     tokens as ``"token_id:N"``; ``only``: the ``logprob_token_ids`` to list instead of the top ``num``."""
     out = CompletionLogprobs(text_offset=[], token_logprobs=[], tokens=[], top_logprobs=[])
     offset = text_offset
@@ -100,10 +101,9 @@ def completion_logprobs(
             out.top_logprobs.append(None)
             continue
         out.token_logprobs.append(max(entry.logprob, -9999.0))
-        top = {
-            _token_text(t, lp, tokenizer, as_token_ids): max(lp.logprob, -9999.0) for t, lp in _top(position, num, only)
-        }
-        top.setdefault(text, max(entry.logprob, -9999.0))
+        top = {text: max(entry.logprob, -9999.0)}  # vLLM's order: the position's own token first, then the top
+        for t, lp in _top(position, num, only):
+            top.setdefault(_token_text(t, lp, tokenizer, as_token_ids), max(lp.logprob, -9999.0))
         out.top_logprobs.append(top)
     return out
 

@@ -3,10 +3,11 @@
 
 Names, types, labels (``model_name``, ``engine``; ``finished_reason`` on ``request_success``, ``reason`` on
 ``num_requests_waiting_by_reason``, ``source`` on ``prompt_tokens_by_source``, ``sleep_state`` on
-``engine_sleep_state``, ``position`` on ``spec_decode_num_accepted_tokens_per_pos``) and histogram buckets are
-vLLM's (``vllm/v1/metrics/loggers.py``). Counters show with a ``_total`` suffix in the exposition, as vLLM's do.
-The metrics vLLM lists that vllite does not export are named, with the reason, in docs/serving.md. Each logger has
-its own ``CollectorRegistry`` (several servers may share one process)::
+``engine_sleep_state``, ``position`` on ``spec_decode_num_accepted_tokens_per_pos``; ``admission_rejections`` has
+``model_name`` and ``reason`` only) and histogram buckets are vLLM's (``vllm/v1/metrics/loggers.py``), one table in
+:mod:`~vllite.plugins.openai_server.metric_specs`. Counters show with a ``_total`` suffix in the exposition, as
+vLLM's do. The metrics vLLM lists that vllite does not export are named, with the reason, in docs/serving.md. Each
+logger has its own ``CollectorRegistry`` (several servers may share one process)::
 
     engine = AsyncLLM(config=config, stat_loggers=[lambda info: PrometheusStatLogger("my-model", info)])
     metrics = engine.stat_loggers[0]
@@ -15,31 +16,26 @@ its own ``CollectorRegistry`` (several servers may share one process)::
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from vllite.config import compute_nans_in_logits_from_env
 from vllite.engine.stats import IterationStats, PromptTokenStats
+from vllite.plugins.openai_server.metric_specs import (
+    ADMISSION_REJECTION_REASONS,
+    METRICS,
+    SLEEP_STATES,
+    TOKENS,
+    WAITING_REASONS,
+    MetricSpec,
+)
 from vllite.protocol import EngineInfo, FinishReason, SchedulerStats, SpecDecodingStats
 
 METRICS_PREFIXES = ("vllite", "vllm")
-TTFT_BUCKETS = (
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
-    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
-)  # fmt: skip
-TOKEN_LATENCY_BUCKETS = (
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
-)  # fmt: skip
-REQUEST_LATENCY_BUCKETS = (
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-    120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
-)  # fmt: skip
-ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-N_PARAM_BUCKETS = (1, 2, 5, 10, 20)
-WAITING_REASONS = ("capacity", "deferred")
-SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
 _PREFIX = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -64,7 +60,9 @@ class PrometheusStatLogger:
     to counters; token counters, ``iteration_tokens_total``, the prompt-token sources and the TTFT / inter-token
     histograms come from each ``IterationStats``, the per-request histograms and ``request_success`` from its
     finished requests. ``cache_config_info`` is set once (``cache_config`` adds its fields to the engine's block
-    size and count). ``record_sleep_state`` sets ``engine_sleep_state``. ``render()`` is the ``/metrics`` response.
+    size and count). ``record_sleep_state`` sets ``engine_sleep_state``; ``record_admission_rejection`` (called by
+    ``AsyncLLM`` for each request its admission limits refuse) adds to ``admission_rejections``. ``render()`` is the
+    ``/metrics`` response.
     """
 
     def __init__(
@@ -82,115 +80,16 @@ class PrometheusStatLogger:
         self.registry = registry if registry is not None else CollectorRegistry()
         self._labelnames = ["model_name", "engine"]
         token_buckets = buckets_1_2_5(int(engine_info.max_model_len))
-
-        gauge, counter, histogram = self._gauge, self._counter, self._histogram
-        self._gauge_running = gauge("num_requests_running", "Number of requests in model execution batches.")
-        self._gauge_waiting = gauge("num_requests_waiting", "Number of requests waiting to be processed.")
-        self._gauge_waiting_by_reason = gauge(
-            "num_requests_waiting_by_reason",
-            "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling capacity; "
-            "'deferred' = deferred by transient constraints (KV transfer, grammar compilation). "
-            "Sum of all reasons equals num_requests_waiting.",
-            extra=["reason"],
-        )
-        self._gauge_sleep_state = gauge(
-            "engine_sleep_state",
-            "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; "
-            "weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
-            extra=["sleep_state"],
-        )
-        self._gauge_kv_usage = gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
-        self._prefix_queries = counter(
-            "prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."
-        )
-        self._prefix_hits = counter("prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
-        self._external_prefix_queries = counter(
-            "external_prefix_cache_queries",
-            "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of "
-            "queried tokens.",
-        )
-        self._external_prefix_hits = counter(
-            "external_prefix_cache_hits",
-            "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of "
-            "cached tokens.",
-        )
-        self._preemptions = counter("num_preemptions", "Cumulative number of preemption from the engine.")
-        self._prompt_tokens = counter("prompt_tokens", "Number of prefill tokens processed.")
-        self._prompt_tokens_by_source = counter(
-            "prompt_tokens_by_source", "Number of prompt tokens by source.", extra=["source"]
-        )
-        self._prompt_tokens_cached = counter(
-            "prompt_tokens_cached", "Number of cached prompt tokens (local + external)."
-        )
-        self._prompt_tokens_recomputed = counter(
-            "prompt_tokens_recomputed", "Number of cached tokens recomputed for forward pass."
-        )
-        self._generation_tokens = counter("generation_tokens", "Number of generation tokens processed.")
-        self._request_success = counter(
-            "request_success", "Count of successfully processed requests.", extra=["finished_reason"]
-        )
-        self._request_prompt_tokens = histogram(
-            "request_prompt_tokens", "Number of prefill tokens processed.", token_buckets
-        )
-        self._request_generation_tokens = histogram(
-            "request_generation_tokens", "Number of generation tokens processed.", token_buckets
-        )
-        self._iteration_tokens = histogram(
-            "iteration_tokens_total", "Histogram of number of tokens per engine_step.", ITERATION_TOKEN_BUCKETS
-        )
-        self._max_num_generation_tokens = histogram(
-            "request_max_num_generation_tokens",
-            "Histogram of maximum number of requested generation tokens.",
-            token_buckets,
-        )
-        self._n_param = histogram("request_params_n", "Histogram of the n request parameter.", N_PARAM_BUCKETS)
-        self._max_tokens_param = histogram(
-            "request_params_max_tokens", "Histogram of the max_tokens request parameter.", token_buckets
-        )
-        self._ttft = histogram(
-            "time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS
-        )
-        self._itl = histogram(
-            "inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", TOKEN_LATENCY_BUCKETS
-        )
-        self._tpot = histogram(
-            "request_time_per_output_token_seconds",
-            "Histogram of time_per_output_token_seconds per request.",
-            TOKEN_LATENCY_BUCKETS,
-        )
-        self._e2e = histogram(
-            "e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", REQUEST_LATENCY_BUCKETS
-        )
-        self._queue_time = histogram(
-            "request_queue_time_seconds",
-            "Histogram of time spent in WAITING phase for request.",
-            REQUEST_LATENCY_BUCKETS,
-        )
-        self._inference_time = histogram(
-            "request_inference_time_seconds",
-            "Histogram of time spent in RUNNING phase for request.",
-            REQUEST_LATENCY_BUCKETS,
-        )
-        self._prefill_time = histogram(
-            "request_prefill_time_seconds",
-            "Histogram of time spent in PREFILL phase for request.",
-            REQUEST_LATENCY_BUCKETS,
-        )
-        self._decode_time = histogram(
-            "request_decode_time_seconds",
-            "Histogram of time spent in DECODE phase for request.",
-            REQUEST_LATENCY_BUCKETS,
-        )
-        self._prefill_kv_computed = histogram(
-            "request_prefill_kv_computed_tokens",
-            "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
-            token_buckets,
-        )
-        self._spec_drafts = counter("spec_decode_num_drafts", "Number of spec decoding drafts.")
-        self._spec_draft_tokens = counter("spec_decode_num_draft_tokens", "Number of draft tokens.")
-        self._spec_accepted_tokens = counter("spec_decode_num_accepted_tokens", "Number of accepted tokens.")
-        self._spec_accepted_per_pos = counter(
-            "spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.", extra=["position"]
+        self._families: dict[str, Any] = {spec.name: self._metric(spec, token_buckets) for spec in METRICS}
+        for reason in ADMISSION_REJECTION_REASONS:  # both series show (at zero) before the first refusal
+            self._families["admission_rejections"].labels(model_name, reason)
+        # As vLLM: only when NaN logits are counted ($VLLITE_COMPUTE_NANS_IN_LOGITS or $VLLM_COMPUTE_NANS_IN_LOGITS).
+        self._corrupted_requests = (
+            self._counter(
+                "corrupted_requests", "Corrupted requests, in terms of total number of requests with NaNs in logits."
+            )
+            if compute_nans_in_logits_from_env()
+            else None
         )
         self._cache_config = {"block_size": engine_info.block_size, **(cache_config or {})}
         self._cache_config.setdefault("num_gpu_blocks", engine_info.num_gpu_blocks)
@@ -221,6 +120,15 @@ class PrometheusStatLogger:
         for state, child in self._engine(engine_index).sleep_state.items():
             child.set(1 if SLEEP_STATES.index(state) == level else 0)
 
+    def record_admission_rejection(self, reason: str) -> None:
+        """Counts one request refused at admission: ``reason`` is ``max_num_queued_reqs`` or ``max_num_queued_tokens``
+        (one count per request, whatever its ``n``, as vLLM)."""
+        if reason not in ADMISSION_REJECTION_REASONS:
+            raise ValueError(
+                f"admission rejection reason must be one of {ADMISSION_REJECTION_REASONS}, got {reason!r}."
+            )
+        self._families["admission_rejections"].labels(self.model_name, reason).inc()
+
     def record_lora_states(self, max_loras: int, waiting: list[str], running: list[str]) -> None:
         """Sets vLLM's ``lora_requests_info`` gauge: labels ``max_lora``, ``waiting_lora_adapters`` and
         ``running_lora_adapters`` (the adapters of the requests waiting and running, comma-joined), value the
@@ -232,6 +140,7 @@ class PrometheusStatLogger:
                 "Running stats on lora requests.",
                 ["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
                 registry=self.registry,
+                multiprocess_mode="mostrecent",
             )
         labels = (str(max_loras), ",".join(waiting), ",".join(running))
         if self._lora_labels is not None and self._lora_labels != labels:
@@ -240,16 +149,39 @@ class PrometheusStatLogger:
         self._lora_info.labels(*labels).set_to_current_time()
 
     def render(self) -> tuple[bytes, str]:
-        """The Prometheus text exposition of this logger's registry, and its content type."""
+        """The Prometheus text exposition of this logger's registry, and its content type; in prometheus-client's
+        multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, set by ``vllite serve --api-server-count N``), of every
+        process writing to that directory: counters and histograms summed, gauges the most recent value."""
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            from prometheus_client import multiprocess
+
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+            return generate_latest(registry), CONTENT_TYPE_LATEST
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
     # ------------------------------------------------------------------ helpers
+    def _metric(self, spec: MetricSpec, token_buckets: Sequence[float]) -> Any:
+        if spec.kind == "histogram":
+            return self._histogram(
+                spec.name, spec.documentation, token_buckets if spec.buckets == TOKENS else spec.buckets
+            )
+        if spec.kind == "gauge":
+            return self._gauge(spec.name, spec.documentation, list(spec.labels))
+        return self._counter(spec.name, spec.documentation, list(spec.labels), per_engine=spec.per_engine)
+
     def _gauge(self, name: str, documentation: str, extra: list[str] | None = None) -> Gauge:
         labels = [*self._labelnames, *(extra or [])]
-        return Gauge(f"{self.prefix}:{name}", documentation, labels, registry=self.registry)
+        # With several API servers (prometheus-client's multiprocess mode) a gauge shows the latest value set by any
+        # of them, as vLLM's; in one process the mode changes nothing.
+        return Gauge(
+            f"{self.prefix}:{name}", documentation, labels, registry=self.registry, multiprocess_mode="mostrecent"
+        )
 
-    def _counter(self, name: str, documentation: str, extra: list[str] | None = None) -> Counter:
-        labels = [*self._labelnames, *(extra or [])]
+    def _counter(
+        self, name: str, documentation: str, extra: list[str] | None = None, per_engine: bool = True
+    ) -> Counter:
+        labels = [*(self._labelnames if per_engine else self._labelnames[:1]), *(extra or [])]
         return Counter(f"{self.prefix}:{name}", documentation, labels, registry=self.registry)
 
     def _histogram(self, name: str, documentation: str, buckets: Any) -> Histogram:
@@ -274,6 +206,7 @@ class PrometheusStatLogger:
                 "Information of the LLMEngine CacheConfig",
                 [*info, "engine"],
                 registry=self.registry,
+                multiprocess_mode="mostrecent",
             )
         self._cache_config_info.labels(**info, engine=str(engine_index)).set(1)
 
@@ -284,48 +217,51 @@ class _EngineMetrics:
     def __init__(self, parent: PrometheusStatLogger, engine_index: int) -> None:
         labels = (parent.model_name, str(engine_index))
         self.labels = labels
-        p = parent
-        self.running = p._gauge_running.labels(*labels)
-        self.waiting = p._gauge_waiting.labels(*labels)
-        self.waiting_by_reason = {r: p._gauge_waiting_by_reason.labels(*labels, r) for r in WAITING_REASONS}
-        self.sleep_state = {s: p._gauge_sleep_state.labels(*labels, s) for s in SLEEP_STATES}
+        p, f = parent, parent._families
+        self.running = f["num_requests_running"].labels(*labels)
+        self.waiting = f["num_requests_waiting"].labels(*labels)
+        self.waiting_by_reason = {r: f["num_requests_waiting_by_reason"].labels(*labels, r) for r in WAITING_REASONS}
+        self.sleep_state = {s: f["engine_sleep_state"].labels(*labels, s) for s in SLEEP_STATES}
         self.sleep_state["awake"].set(1)
-        self.kv_usage = p._gauge_kv_usage.labels(*labels)
-        self.prefix_queries = p._prefix_queries.labels(*labels)
-        self.prefix_hits = p._prefix_hits.labels(*labels)
-        self.external_prefix_queries = p._external_prefix_queries.labels(*labels)
-        self.external_prefix_hits = p._external_prefix_hits.labels(*labels)
-        self.preemptions = p._preemptions.labels(*labels)
-        self.prompt_tokens = p._prompt_tokens.labels(*labels)
+        self.kv_usage = f["kv_cache_usage_perc"].labels(*labels)
+        self.prefix_queries = f["prefix_cache_queries"].labels(*labels)
+        self.prefix_hits = f["prefix_cache_hits"].labels(*labels)
+        self.external_prefix_queries = f["external_prefix_cache_queries"].labels(*labels)
+        self.external_prefix_hits = f["external_prefix_cache_hits"].labels(*labels)
+        self.preemptions = f["num_preemptions"].labels(*labels)
+        corrupted = p._corrupted_requests
+        self.corrupted_requests = corrupted.labels(*labels) if corrupted is not None else None
+        self.prompt_tokens = f["prompt_tokens"].labels(*labels)
         self.prompt_tokens_by_source = {
-            source: p._prompt_tokens_by_source.labels(*labels, source) for source in PromptTokenStats.ALL_SOURCES
+            source: f["prompt_tokens_by_source"].labels(*labels, source) for source in PromptTokenStats.ALL_SOURCES
         }
-        self.prompt_tokens_cached = p._prompt_tokens_cached.labels(*labels)
-        self.prompt_tokens_recomputed = p._prompt_tokens_recomputed.labels(*labels)
-        self.generation_tokens = p._generation_tokens.labels(*labels)
-        self.iteration_tokens = p._iteration_tokens.labels(*labels)
-        self.max_num_generation_tokens = p._max_num_generation_tokens.labels(*labels)
-        self.n_param = p._n_param.labels(*labels)
-        self.max_tokens_param = p._max_tokens_param.labels(*labels)
-        self.ttft = p._ttft.labels(*labels)
-        self.itl = p._itl.labels(*labels)
-        self.tpot = p._tpot.labels(*labels)
-        self.e2e = p._e2e.labels(*labels)
-        self.queue_time = p._queue_time.labels(*labels)
-        self.prefill_time = p._prefill_time.labels(*labels)
-        self.decode_time = p._decode_time.labels(*labels)
-        self.inference_time = p._inference_time.labels(*labels)
-        self.prompt_tokens_hist = p._request_prompt_tokens.labels(*labels)
-        self.generation_tokens_hist = p._request_generation_tokens.labels(*labels)
-        self.prefill_kv_computed = p._prefill_kv_computed.labels(*labels)
-        self._request_success = p._request_success
-        self._spec_drafts = p._spec_drafts.labels(*labels)
-        self._spec_draft_tokens = p._spec_draft_tokens.labels(*labels)
-        self._spec_accepted_tokens = p._spec_accepted_tokens.labels(*labels)
-        self._spec_accepted_per_pos_family = p._spec_accepted_per_pos
+        self.prompt_tokens_cached = f["prompt_tokens_cached"].labels(*labels)
+        self.prompt_tokens_recomputed = f["prompt_tokens_recomputed"].labels(*labels)
+        self.generation_tokens = f["generation_tokens"].labels(*labels)
+        self.iteration_tokens = f["iteration_tokens_total"].labels(*labels)
+        self.max_num_generation_tokens = f["request_max_num_generation_tokens"].labels(*labels)
+        self.n_param = f["request_params_n"].labels(*labels)
+        self.max_tokens_param = f["request_params_max_tokens"].labels(*labels)
+        self.ttft = f["time_to_first_token_seconds"].labels(*labels)
+        self.itl = f["inter_token_latency_seconds"].labels(*labels)
+        self.tpot = f["request_time_per_output_token_seconds"].labels(*labels)
+        self.e2e = f["e2e_request_latency_seconds"].labels(*labels)
+        self.queue_time = f["request_queue_time_seconds"].labels(*labels)
+        self.prefill_time = f["request_prefill_time_seconds"].labels(*labels)
+        self.decode_time = f["request_decode_time_seconds"].labels(*labels)
+        self.inference_time = f["request_inference_time_seconds"].labels(*labels)
+        self.prompt_tokens_hist = f["request_prompt_tokens"].labels(*labels)
+        self.generation_tokens_hist = f["request_generation_tokens"].labels(*labels)
+        self.prefill_kv_computed = f["request_prefill_kv_computed_tokens"].labels(*labels)
+        self.num_preemptions_hist = f["request_num_preemptions"].labels(*labels)
+        self._request_success = f["request_success"]
+        self._spec_drafts = f["spec_decode_num_drafts"].labels(*labels)
+        self._spec_draft_tokens = f["spec_decode_num_draft_tokens"].labels(*labels)
+        self._spec_accepted_tokens = f["spec_decode_num_accepted_tokens"].labels(*labels)
+        self._spec_accepted_per_pos_family = f["spec_decode_num_accepted_tokens_per_pos"]
         self._spec_accepted_per_pos: list[Any] = []
         self._success: dict[str, Any] = {
-            str(reason): p._request_success.labels(*labels, str(reason)) for reason in FinishReason
+            str(reason): f["request_success"].labels(*labels, str(reason)) for reason in FinishReason
         }
 
     def record_scheduler(self, stats: SchedulerStats) -> None:
@@ -348,6 +284,8 @@ class _EngineMetrics:
         """The token counters and histograms of one batch, and its finished requests' figures."""
         self.prompt_tokens.inc(it.num_prompt_tokens)
         self.generation_tokens.inc(it.num_generation_tokens)
+        if self.corrupted_requests is not None:
+            self.corrupted_requests.inc(it.num_corrupted_reqs)
         sources = it.prompt_token_stats
         for source, counter in self.prompt_tokens_by_source.items():
             counter.inc(sources.get_by_source(source))
@@ -374,6 +312,7 @@ class _EngineMetrics:
             self.prompt_tokens_hist.observe(finished.num_prompt_tokens)
             self.generation_tokens_hist.observe(finished.num_generation_tokens)
             self.prefill_kv_computed.observe(finished.num_prefill_kv_computed_tokens)
+            self.num_preemptions_hist.observe(finished.num_preemptions)
             if finished.max_tokens_param:
                 self.max_tokens_param.observe(finished.max_tokens_param)
 

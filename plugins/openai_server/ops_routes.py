@@ -154,7 +154,7 @@ def ops_router(ctx: ServerContext, dependencies: list[Any]) -> APIRouter:
     async def server_info(config_format: Literal["text", "json"] = "text") -> Response:
         from vllite.plugins.openai_server.server_info import server_info as describe
 
-        return json_response(describe(engine.config, config_format))
+        return json_response(describe(engine.config, config_format, getattr(engine, "engine_info", None)))
 
     return router
 

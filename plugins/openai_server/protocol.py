@@ -76,11 +76,13 @@ class SamplingFields(RequestModel):
     early_stopping: bool | Literal["never"] = False
     priority: int = 0
     request_id: str | None = None
-    cache_salt: str | None = None
+    cache_salt: str | None = Field(None, min_length=1)  # the prefix-cache namespace (vLLM: non-empty)
     vllm_xargs: dict[str, Any] | None = None
     extra_args: dict[str, Any] | None = None
     # Structured outputs (vLLM's field): {"json": {...}} | {"regex": ...} | {"choice": [...]} | {"grammar": ...} ...
     structured_outputs: dict[str, Any] | None = None
+    # End the output once it repeats an N-gram (vLLM's field): {"max_pattern_size", "min_pattern_size", "min_count"}
+    repetition_detection: dict[str, Any] | None = None
     # KV connectors (prefill/decode disaggregation): what the prefill server returned, passed to the decode server
     kv_transfer_params: dict[str, Any] | None = None
     # Continuum (the fork's fields): which agent program a request belongs to, and whether it is its last turn
@@ -93,7 +95,9 @@ class SamplingFields(RequestModel):
 class CompletionRequest(SamplingFields):
     """``POST /v1/completions``."""
 
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: str | list[str] | list[int] | list[list[int]] | None = None
+    # vLLM's: base64 strings of torch.save'd [num_tokens, hidden_size] tensors (--enable-prompt-embeds).
+    prompt_embeds: str | list[str] | None = None
     best_of: int | None = None
     echo: bool = False
     logprobs: int | None = None

@@ -11,7 +11,8 @@ Two engine-side features take the parser's markers, as token ids in ``SamplingPa
 
 - a constrained reply (``response_format``, ``structured_outputs``, forced tool calls) is constrained only after the
   reasoning ends (``reasoning_end_token_ids``: vLLM's reasoning-aware structured outputs);
-- a thinking budget (``thinking_token_budget``) forces the parser's end marker once spent
+- a thinking budget (``thinking_token_budget``) forces the parser's end marker once spent, and so does repetition
+  detection scoped to the reasoning (``repetition_detection_scope: "reasoning"``) on a loop
   (``think_start_token_ids`` / ``think_end_token_ids``, unless the request gives its own).
 """
 
@@ -28,6 +29,7 @@ PROMPT_TAIL_TOKENS = 64
 BUDGET_KEY = "thinking_token_budget"
 START_KEY, END_KEY = "think_start_token_ids", "think_end_token_ids"
 GATE_KEY = "reasoning_end_token_ids"  # vllite.structured_output.manager.REASONING_END_KEY
+SCOPE_KEY = "repetition_detection_scope"  # vllite.repetition.SCOPE_KEY
 
 
 class ReasoningMode:
@@ -86,7 +88,7 @@ class ReasoningMode:
             def ids(marker: str) -> list[int]:
                 return list(ctx.tokenizer.encode(marker, add_special_tokens=False)) if marker else []
 
-            if extra.get(BUDGET_KEY) is not None:
+            if extra.get(BUDGET_KEY) is not None or extra.get(SCOPE_KEY) == "reasoning":
                 for key, marker in ((START_KEY, parser.start_marker), (END_KEY, parser.end_marker)):
                     if key not in extra and ids(marker):
                         extra[key] = ids(marker)

@@ -187,7 +187,7 @@ class ResponsesRequest(RequestModel):
     ignore_eos: bool = False
     min_tokens: int = 0
     priority: int = 0
-    cache_salt: str | None = None
+    cache_salt: str | None = Field(None, min_length=1)  # the prefix-cache namespace (vLLM: non-empty)
     vllm_xargs: dict[str, Any] | None = None
     extra_args: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None

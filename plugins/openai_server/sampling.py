@@ -11,6 +11,7 @@ from typing import Any
 
 from vllite.exceptions import BadRequestError
 from vllite.plugins.openai_server.protocol import SamplingFields
+from vllite.repetition import as_repetition_detection
 from vllite.sampling_params import RequestOutputKind, SamplingParams
 from vllite.structured_output.params import StructuredOutputsParams
 
@@ -72,6 +73,7 @@ def build_sampling_params(
             bad_words=request.bad_words or None,
             extra_args=extra_args(request),
             structured_outputs=structured_outputs,
+            repetition_detection=as_repetition_detection(request.repetition_detection),
             **fields,
         )
     except BadRequestError:
@@ -192,7 +194,7 @@ def field_named_in(message: str) -> str | None:
     """The field a ``SamplingParams`` error names (``"temperature must be ..."``, ``"SamplingParams.n ..."``)."""
     words = message.replace("SamplingParams.", "").replace("=", " ").split()
     for word in words[:6]:
-        name = word.strip(".,:;'\"`()")
+        name = word.strip(".,:;'\"`()").split(".")[0]  # repetition_detection.min_count: the request's field
         if name in SamplingFields.model_fields or name in ("max_tokens", "logprobs", "prompt_logprobs"):
             return name
     return None

@@ -14,10 +14,29 @@ from typing import Any
 _HIDDEN = ("KEY", "TOKEN", "SECRET", "PASSWORD")
 
 
-def server_info(config: Any, config_format: str = "text") -> dict[str, Any]:
-    """The ``/server_info`` answer: the config as text (``str``) or as JSON (``config_format="json"``)."""
+def server_info(config: Any, config_format: str = "text", engine_info: Any = None) -> dict[str, Any]:
+    """The ``/server_info`` answer: the config as text (``str``) or as JSON (``config_format="json"``), with what
+    the engine settled at start-up (``engine_info``: the dtype ``auto`` resolved to, the context length and the KV
+    block count) in place of what was asked for, as vLLM shows its resolved config."""
+    if engine_info is not None:
+        config = settled_config(config, engine_info)
     shown = str(config) if config_format == "text" else _jsonable(config)
     return {"vllm_config": shown, "vllm_env": engine_env(), "system_env": system_env()}
+
+
+def settled_config(config: Any, engine_info: Any) -> Any:
+    """``config`` with the engine's start-up facts: ``model_config.dtype`` and ``max_model_len``,
+    ``cache_config.num_gpu_blocks``."""
+    if not hasattr(config, "model_config") or not hasattr(config, "cache_config"):
+        return config
+    model_changes: dict[str, Any] = {"max_model_len": engine_info.max_model_len}
+    if engine_info.dtype:
+        model_changes["dtype"] = engine_info.dtype
+    return dataclasses.replace(
+        config,
+        model_config=dataclasses.replace(config.model_config, **model_changes),
+        cache_config=dataclasses.replace(config.cache_config, num_gpu_blocks=engine_info.num_gpu_blocks),
+    )
 
 
 def engine_env() -> dict[str, str]:

@@ -83,17 +83,18 @@ async def submit(
     priority: int = 0,
     data_parallel_rank: int | None = None,
     lora_request: Any = None,
+    cache_salt: str | None = None,
 ) -> Submitted:
     """Submits each prompt as ``{request_id}-{index}`` (to the data-parallel engine ``data_parallel_rank`` when
-    given, with the LoRA adapter ``lora_request`` when given); raises :class:`BadRequestError` (nothing left
-    running) when the engine's frontend rejects one."""
+    given, with the LoRA adapter ``lora_request`` when given, in the prefix-cache namespace ``cache_salt`` when
+    given); raises :class:`BadRequestError` (nothing left running) when the engine's frontend rejects one."""
     submitted: list[tuple[str, Any]] = []
     try:
         for index, prompt in enumerate(prompts):
             prompt_id = f"{request_id}-{index}"
             queue = await engine.add_request(
                 prompt_id,
-                prompt,
+                salted(prompt, cache_salt),
                 params,
                 priority=priority,
                 data_parallel_rank=data_parallel_rank,
@@ -106,6 +107,18 @@ async def submit(
             raise BadRequestError(str(exc), param=_param_of(str(exc), data_parallel_rank)) from None
         raise
     return Submitted(engine, submitted)
+
+
+def salted(prompt: Any, cache_salt: str | None) -> Any:
+    """``prompt`` as the engine's dict prompt carrying ``cache_salt`` (vLLM's ``TokensPrompt``/``TextPrompt`` field),
+    or unchanged without a salt."""
+    if cache_salt is None:
+        return prompt
+    if isinstance(prompt, str):
+        return {"prompt": prompt, "cache_salt": cache_salt}
+    if isinstance(prompt, dict):
+        return {**prompt, "cache_salt": cache_salt}
+    return {"prompt_token_ids": list(prompt), "cache_salt": cache_salt}
 
 
 def _param_of(message: str, data_parallel_rank: int | None = None) -> str | None:

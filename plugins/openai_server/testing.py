@@ -42,6 +42,7 @@ class RemoteServer:
             env={**os.environ, **(env or {})},
         )
         self.log: list[str] = []
+        self._new_line = threading.Condition()
         self.url = self._wait_ready(timeout_s, command)
         self._reader = threading.Thread(target=self._drain, daemon=True)
         self._reader.start()
@@ -64,7 +65,25 @@ class RemoteServer:
     def _drain(self) -> None:
         assert self.process.stdout is not None
         for line in self.process.stdout:
-            self.log.append(line)
+            with self._new_line:
+                self.log.append(line)
+                self._new_line.notify_all()
+
+    def wait_for_log(self, pattern: str, *, start: int = 0, timeout_s: float = 60.0) -> str:
+        """The first line of ``log`` from index ``start`` on that matches the regular expression ``pattern``, waiting
+        for the server to print it; ``TimeoutError`` (with the log's tail) when it has not after ``timeout_s``."""
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout_s
+        with self._new_line:
+            while True:
+                found = next((line for line in self.log[start:] if regex.search(line)), None)
+                if found is not None:
+                    return found
+                start = max(start, len(self.log))
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no log line matched {pattern!r}:\n" + "".join(self.log[-30:]))
+                self._new_line.wait(left)
 
     @property
     def base_url(self) -> str:

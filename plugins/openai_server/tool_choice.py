@@ -3,6 +3,7 @@ how a finished reply becomes content and ``tool_calls``, and how a streamed repl
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -119,6 +120,81 @@ class _ParsedStream:
         return deltas, calls
 
 
+class RequiredToolMode(ParsedToolMode):
+    """``required``: the reply is constrained to vLLM's JSON list of calls. Its calls are the list's complete items,
+    so a reply cut short (``max_tokens``) keeps the calls it finished, with no content and ``finish_reason="length"``
+    (vLLM's); streamed, each call goes out as one delta once its item is complete."""
+
+    def extract(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        if not text.lstrip().startswith("["):  # not the constrained list (no constraint applied): the text as is
+            return super().extract(text)
+        calls, _, _ = required_calls(text)
+        return None, [_tool_call(call.name, call.arguments, self.call_id()) for call in calls]
+
+    def stream(self) -> Any:
+        return _RequiredStream(self.call_id)
+
+
+def required_calls(text: str, start: int = 0) -> tuple[list[Any], int, bool]:
+    """The calls of the complete items of the JSON list of calls in ``text``, read from ``start`` (0, or a position
+    an earlier call returned); also where reading stopped and whether the list has ended (or cannot go on)."""
+    from vllite.policies.tool_call_extraction import json_calls
+
+    decoder = json.JSONDecoder()
+    calls: list[Any] = []
+    pos = start
+    if pos == 0:
+        pos = len(text) - len(text.lstrip())
+        if not text.startswith("[", pos):
+            return calls, 0, bool(text.strip())
+        pos += 1
+    while True:
+        item = pos
+        while item < len(text) and text[item] in " \t\r\n,":
+            item += 1
+        if text.startswith("]", item):
+            return calls, item + 1, True
+        try:
+            value, end = decoder.raw_decode(text, item)
+        except (ValueError, RecursionError):
+            return calls, pos, False  # the item is not complete yet
+        found = json_calls(value)
+        if not found:
+            return calls, pos, True  # not a call: the list cannot go on as calls
+        calls.extend(found)
+        pos = end
+
+
+class _RequiredStream:
+    def __init__(self, call_id: Callable[[], str]) -> None:
+        self.call_id = call_id
+        self.text = ""
+        self.pos = 0
+        self.count = 0
+        self.ended = False
+        self.plain = False  # the reply is not a list (no constraint applied): its text is the content
+
+    def feed(self, text: str) -> list[DeltaMessage]:
+        self.text += text
+        if not self.plain and self.text.strip() and not self.text.lstrip().startswith("["):
+            self.plain, text = True, self.text
+        if self.plain:
+            return [DeltaMessage(content=text)] if text else []
+        if self.ended or "}" not in text:  # an item (an object) can only be completed by a closing brace
+            return []
+        calls, self.pos, self.ended = required_calls(self.text, self.pos)
+        deltas = []
+        for call in calls:
+            function = DeltaFunctionCall(name=call.name, arguments=call.arguments)
+            deltas.append(DeltaToolCall(index=self.count, id=self.call_id(), type="function", function=function))
+            self.count += 1
+        return [DeltaMessage(tool_calls=deltas)] if deltas else []
+
+    def finish(self) -> tuple[list[DeltaMessage], list[DeltaToolCall]]:
+        # The calls went out as their items completed; report whether there were any (for ``finish_reason``).
+        return [], [DeltaToolCall(index=i) for i in range(self.count)]
+
+
 class NamedToolMode(ToolMode):
     """A named function: the whole reply is its arguments (vLLM's behaviour for a forced function)."""
 
@@ -190,7 +266,7 @@ def resolve_tool_mode(ctx: ServerContext, request: ChatCompletionRequest) -> Too
         from vllite.plugin_manager import resolve_component
 
         required_parser = resolve_component("tool_parsers", REQUIRED_FALLBACK_PARSER)
-        return ParsedToolMode(template_tools, required_parser, server_parser=False)
+        return RequiredToolMode(template_tools, required_parser, server_parser=False)
     parser = ctx.tool_parser_class
     if choice == "auto" and (parser is None or not ctx.settings.enable_auto_tool_choice):
         raise BadRequestError(

@@ -100,14 +100,14 @@ class DefaultExecutor(Executor):
         self.hf_config = hf_config
         self.spec = model_spec(hf_config)
         max_model_len = self._max_model_len(mc.max_model_len, self.spec.max_position_embeddings)
-        self.dtype = resolve_dtype(mc.dtype, hf_config, self.device)
+        self.dtype = resolve_dtype(mc.dtype, hf_config, self.device)  # resolved once; reported in ModelInfo.dtype
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
             self._cuda_free_at_start = torch.cuda.mem_get_info(self.device)[0]
         # The model's own limit may later shrink to what the KV cache holds; a length the user asked for may not.
         self._may_shrink_context = mc.max_model_len is None
         # The runner (and the logits processors it builds) read the context length this executor settled on.
-        self.config = self.config.with_limits(max_model_len)
+        self.config = self.config.with_limits(max_model_len, dtype=str(self.dtype).removeprefix("torch."))
         self._num_blocks: int | None = None
         self._kv_connector: KVConnectorBase | None = None
         eos = getattr(getattr(hf_config, "text_config", None) or hf_config, "eos_token_id", None)
@@ -116,6 +116,7 @@ class DefaultExecutor(Executor):
             vocab_size=self.spec.vocab_size,
             eos_token_ids=tuple(eos if isinstance(eos, (list, tuple)) else () if eos is None else (eos,)),
             sliding_window=uniform_sliding_window(hf_config),
+            dtype=str(self.dtype).removeprefix("torch."),
         )
         if mc.runner_type == "pooling":
             return self._init_pooling_runner(info)
@@ -200,14 +201,8 @@ class DefaultExecutor(Executor):
         self.runner.allocate_kv_cache(num_blocks)
         self._num_blocks = num_blocks
         self._attach_kv_connector()
-        logger.info(
-            "KV cache: %d blocks of %d tokens (%.1f MiB) on %s",
-            num_blocks,
-            cc.block_size,
-            num_blocks * cc.block_size * bytes_per_token / 2**20,
-            self.device,
-        )
-        return KVCacheInfo(num_blocks=num_blocks, max_model_len=max_model_len)
+        num_bytes = num_blocks * cc.block_size * bytes_per_token  # the engine core logs it with the block count
+        return KVCacheInfo(num_blocks=num_blocks, max_model_len=max_model_len, num_bytes=num_bytes)
 
     def _attach_kv_connector(self) -> None:
         """Builds the worker-role KV connector (once) and registers the freshly allocated KV cache with it."""
@@ -274,8 +269,10 @@ class DefaultExecutor(Executor):
     # ------------------------------------------------------------------ steps
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Runs one step. Raises on a failed forward pass (the engine turns it into an error for the caller);
-        the requests of that step should then be aborted."""
-        if self.is_sleeping:
+        the requests of that step should then be aborted. While asleep only a step that schedules no tokens runs
+        (the engine's way to hand over requests that ended meanwhile, e.g. aborted in the queue): it updates the
+        runner's request state and touches neither the weights nor the KV cache."""
+        if self.is_sleeping and scheduler_output.total_num_scheduled_tokens > 0:
             raise ExecutorAsleepError("The executor is sleeping; call wake_up() before executing the model.")
         return self.runner.execute_model(scheduler_output)
 

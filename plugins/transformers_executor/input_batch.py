@@ -44,6 +44,8 @@ class CachedRequestState:
     num_prompt_logprobs_done: int = 0
     lora_request: LoRARequest | None = None  # the adapter its tokens run with (None: the base model)
     pooling_params: PoolingParams | None = None  # a request to a pooling model
+    # An embeds prompt's rows [num_prompt_tokens, hidden_size]; prompt_token_ids are placeholders (prompt_embeds.py).
+    prompt_embeds: torch.Tensor | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -68,6 +70,7 @@ _ROW_ARRAYS = (
     "frequency_penalties",
     "presence_penalties",
     "repetition_penalties",
+    "prompt_is_embeds",
 )
 
 
@@ -94,6 +97,8 @@ class InputBatch:
         self.frequency_penalties = np.zeros(max_num_reqs, dtype=np.float32)
         self.presence_penalties = np.zeros(max_num_reqs, dtype=np.float32)
         self.repetition_penalties = np.ones(max_num_reqs, dtype=np.float32)
+        # Rows whose prompt came as embeddings: their placeholder prompt ids count for no penalty.
+        self.prompt_is_embeds = np.zeros(max_num_reqs, dtype=bool)
 
         self.batch_update_builder = BatchUpdateBuilder()
         # Bumped whenever a row's request or sampling parameters change (add, remove, move): what the model
@@ -150,6 +155,7 @@ class InputBatch:
         self.num_prompt_tokens[row] = n_prompt
         self.num_computed_tokens[row] = state.num_computed_tokens
         self.set_block_ids(row, state.block_ids)
+        self.prompt_is_embeds[row] = state.prompt_embeds is not None
 
         params = state.sampling_params
         greedy = params.sampling_type == SamplingType.GREEDY

@@ -37,8 +37,14 @@ from vllite.plugins.transformers_executor.input_batch import CachedRequestState,
 from vllite.plugins.transformers_executor.kv_connector_step import execute_with_connector
 from vllite.plugins.transformers_executor.lora import LoRAModelManager
 from vllite.plugins.transformers_executor.model_loader import ModelSpec
+from vllite.plugins.transformers_executor.prompt_embeds import PromptEmbedsInputs
 from vllite.plugins.transformers_executor.prompt_logprobs import compute_prompt_logprobs, plan_prompt_logprobs
-from vllite.plugins.transformers_executor.sampler import Sampler, SamplingMetadata, draw_uniform_
+from vllite.plugins.transformers_executor.sampler import (
+    Sampler,
+    SamplingMetadata,
+    count_nans_in_logits,
+    draw_uniform_,
+)
 from vllite.plugins.transformers_executor.sampling_inputs import SamplingInputs
 from vllite.plugins.transformers_executor.spec_decode.decoder import NgramSpecDecoder
 from vllite.plugins.transformers_executor.step_buffers import StepBuffers, prepare_inputs
@@ -85,7 +91,8 @@ class ModelRunner:
         self.input_batch = InputBatch(self.max_num_reqs, self.max_model_len, max_blocks, self.vocab_size)
         self.requests: dict[str, CachedRequestState] = {}
         self.logitsprocs = _build_logitsprocs(config, device)
-        self.sampler = Sampler()
+        self.sampler = Sampler(config.model_config.logprobs_mode)
+        self.compute_nans_in_logits = config.observability_config.compute_nans_in_logits
         self.default_generator = torch.Generator(device=device)
         if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
             from vllite.kernels.cpu_decode import decode_kernel
@@ -111,6 +118,7 @@ class ModelRunner:
         if config.lora_config is not None:
             self.lora = LoRAModelManager(model, config.lora_config, device, dtype)
         self.fused_decoder = self._build_fused_decoder(model)
+        self.prompt_embeds = PromptEmbedsInputs(model)  # inputs_embeds of steps with prompt_embeds positions
 
     def _build_fused_decoder(self, model: torch.nn.Module) -> FusedDecoder | None:
         """The compiled decode step (fused_decode.py) for a CPU model without LoRA whose cache is in its dtype."""
@@ -197,13 +205,15 @@ class ModelRunner:
         if prompt_plan:
             extra = torch.cat([torch.arange(c.lo, c.hi) for c in prompt_plan]).to(self.device)
             logits_indices = torch.cat([logits_indices, extra])
-        logits = self._forward(input_ids, positions, metadata, logits_indices)
+        inputs_embeds = self.prompt_embeds.build(batch, num_scheduled, input_ids)
+        logits = self._forward(input_ids, positions, metadata, logits_indices, inputs_embeds)
         if num_drafts is not None:
             assert spec is not None
             return spec.finish_step(
                 self, logits, first_rows, num_drafts, samples, req_ids, prompt_plan, scheduler_output
             )
 
+        nans = count_nans_in_logits(logits[:num_reqs], req_ids) if self.compute_nans_in_logits else None
         sampling_md = self._sampling_metadata(samples)
         token_mask = None
         grammar_output = scheduler_output.grammar_output
@@ -229,6 +239,7 @@ class ModelRunner:
             sampled_token_ids=sampled_token_ids,
             logprobs=logprobs,
             prompt_logprobs_dict=prompt_logprobs,
+            num_nans_in_logits=nans,
             failed_requests=failed,
             draft_token_ids=spec.propose(batch, req_ids, samples) if spec is not None else None,
         )
@@ -238,6 +249,7 @@ class ModelRunner:
         were loaded wrapped around it again."""
         self.model = model
         self.fused_decoder = self._build_fused_decoder(model)
+        self.prompt_embeds = PromptEmbedsInputs(model)
         if self.lora is not None:
             loaded = [self.lora.get_adapter(i) for i in sorted(self.lora.list_adapters())]
             self.lora = LoRAModelManager(model, self.config.lora_config, self.device, self.dtype)  # type: ignore[arg-type]
@@ -337,6 +349,7 @@ class ModelRunner:
                     else 0
                 ),
                 lora_request=new.lora_request,
+                prompt_embeds=new.prompt_embeds,
             )
             self.requests[new.req_id] = state
             to_add.append(state)
@@ -422,15 +435,30 @@ class ModelRunner:
         )
 
     def _forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata, logits_indices: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        md: AttentionMetadata,
+        logits_indices: torch.Tensor,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """The logits rows ``logits_indices`` of one packed step; ``inputs_embeds`` (prompt_embeds.py) replaces
+        ``input_ids`` when the step computes prompt-embeds positions."""
         fused = self.fused_decoder
-        if fused is not None and self.kv_connector is None and logits_indices.numel() == md.num_tokens:
+        if (
+            fused is not None
+            and inputs_embeds is None
+            and self.kv_connector is None
+            and logits_indices.numel() == md.num_tokens
+        ):
             assert self._kv_buffer is not None
             logits = fused(input_ids, positions, md, self._kv_buffer)
             if logits is not None:
                 return logits
         kwargs: dict[str, Any] = {"input_ids": input_ids, "position_ids": positions, "use_cache": False}
+        if inputs_embeds is not None:
+            kwargs["inputs_embeds"] = inputs_embeds
+            del kwargs["input_ids"]
         if self._accepts_logits_to_keep:
             kwargs["logits_to_keep"] = logits_indices
         with forward_context(md, self.kv_caches, self.kv_connector, self.kv_layers, self.kv_scales) as ctx:

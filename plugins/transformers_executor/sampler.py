@@ -1,13 +1,18 @@
 """The sampler: from one row of logits per request to one token per request (vLLM V1 order).
 
 1. raw logprobs (``log_softmax`` of the model's logits, before any processing) when a request wants logprobs:
-   returned logprobs are the *raw* model logprobs (vLLM's default ``logprobs_mode="raw_logprobs"``);
+   returned logprobs are the *raw* model logprobs (vLLM's default ``logprobs_mode="raw_logprobs"``; ``raw_logits``
+   returns the logits themselves);
 2. ``allowed_token_ids`` masks, then the non-argmax-invariant logits processors (min-tokens, logit bias, ...);
 3. repetition, frequency and presence penalties;
 4. greedy rows take the argmax; random rows are divided by their temperature, pass the argmax-invariant
    processors (min-p), top-k and top-p, and are sampled by an exponential race (``argmax(p / q)`` with
    ``q = -log(U) ~ Exp(1)``, the Gumbel-max trick). A request with a seed draws ``U`` from its own
    ``torch.Generator``, so its tokens do not depend on which other requests share the batch.
+
+``logprobs_mode="processed_logprobs"`` / ``"processed_logits"`` (vLLM's) return instead the values sampled from:
+after stages 2-4, i.e. the temperature-scaled logits with min-p, top-k and top-p applied (tokens they exclude at
+-inf; the logits before temperature for greedy rows), normalized with ``log_softmax`` for ``processed_logprobs``.
 
 Fast path: a batch with no logprobs, no ``allowed_token_ids`` and no penalties skips those stages; an all-greedy
 one is then the processors and one argmax, an all-random one without top-k/top-p one temperature division, the
@@ -77,7 +82,12 @@ class SamplerOutput:
 
 
 class Sampler:
-    """Turns logits ``[B, V]`` into tokens following each row's sampling parameters."""
+    """Turns logits ``[B, V]`` into tokens following each row's sampling parameters; its logprobs hold what
+    ``logprobs_mode`` says (see the module docstring)."""
+
+    def __init__(self, logprobs_mode: str = "raw_logprobs") -> None:
+        self.logprobs_mode = logprobs_mode
+        self.processed_logprobs = logprobs_mode.startswith("processed")
 
     def __call__(
         self, logits: torch.Tensor, md: SamplingMetadata, token_mask: TokenMask | None = None
@@ -87,8 +97,8 @@ class Sampler:
         if md.max_num_logprobs is None and md.allowed_token_ids_mask is None and md.no_penalties:
             return SamplerOutput(self.sample_fast(logits, md, token_mask), None)
         raw_logprobs = None
-        if md.max_num_logprobs is not None:
-            raw_logprobs = torch.log_softmax(logits.float(), dim=-1)
+        if md.max_num_logprobs is not None and not self.processed_logprobs:
+            raw_logprobs = to_logprobs(logits.float(), self.logprobs_mode, copy=True)
         logits = logits.float()
         if md.allowed_token_ids_mask is not None:
             logits.masked_fill_(md.allowed_token_ids_mask, float("-inf"))
@@ -99,8 +109,11 @@ class Sampler:
         mask = resolve_token_mask(token_mask)
         if mask is not None:
             logits.masked_fill_(mask, float("-inf"))
-        sampled = self.sample(logits, md)
+        keep = md.max_num_logprobs is not None and self.processed_logprobs
+        sampled, processed = self.sample_keeping_processed(logits, md, keep)
         logprobs = None
+        if raw_logprobs is None and processed is not None:
+            raw_logprobs = to_logprobs(processed, self.logprobs_mode)
         if raw_logprobs is not None:
             logprobs = gather_logprobs(raw_logprobs, md.max_num_logprobs or 0, sampled, md.logprob_token_ids)
         return SamplerOutput(sampled, logprobs)
@@ -130,22 +143,46 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         """Greedy rows' argmax and random rows' exponential race (after temperature, processors, top-k/p)."""
+        return self.sample_keeping_processed(logits, md, False)[0]
+
+    def sample_keeping_processed(
+        self, logits: torch.Tensor, md: SamplingMetadata, keep: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`sample`, and with ``keep`` the logits sampled from (``[B, V]``): a greedy row's as given, a
+        random row's after temperature, the argmax-invariant processors and top-k/top-p (excluded tokens -inf)."""
         greedy = None if md.all_random else logits.argmax(dim=-1)
         if md.all_greedy:
             assert greedy is not None
-            return greedy
+            return greedy, logits if keep else None
         temperature = md.temperature
         if not md.all_random:
             temperature = torch.where(temperature < _SAMPLING_EPS, 1.0, temperature)
-        logits = logits / temperature.unsqueeze(1)
+        scaled = logits / temperature.unsqueeze(1)
         if md.logitsprocs is not None:
-            logits = md.logitsprocs.apply_argmax_invariant(logits)
-        logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
-        probs = logits.softmax(dim=-1, dtype=torch.float32)
+            scaled = md.logitsprocs.apply_argmax_invariant(scaled)
+        scaled = apply_top_k_top_p(scaled, md.top_k, md.top_p)
+        probs = scaled.softmax(dim=-1, dtype=torch.float32)
         random = exponential_race(probs, md.generators, md.default_generator)
         if greedy is None:
-            return random
-        return torch.where(md.temperature < _SAMPLING_EPS, greedy, random)
+            return random, scaled if keep else None
+        is_greedy = md.temperature < _SAMPLING_EPS
+        processed = torch.where(is_greedy.unsqueeze(1), logits, scaled) if keep else None
+        return torch.where(is_greedy, greedy, random), processed
+
+
+def count_nans_in_logits(logits: torch.Tensor, req_ids: list[str]) -> dict[str, int]:
+    """``req_id -> NaN count`` of each request's row of the model's ``logits`` (vLLM's ``num_nans_in_logits``,
+    with ``$VLLITE_COMPUTE_NANS_IN_LOGITS``)."""
+    counts = logits.isnan().sum(dim=-1).tolist()
+    return dict(zip(req_ids, counts, strict=False))
+
+
+def to_logprobs(logits: torch.Tensor, logprobs_mode: str, copy: bool = False) -> torch.Tensor:
+    """What ``logprobs_mode`` returns of float32 ``logits``: their ``log_softmax`` for ``*_logprobs``, the logits
+    themselves for ``*_logits`` (a copy with ``copy``, when later stages change them in place)."""
+    if logprobs_mode.endswith("_logits"):
+        return logits.clone() if copy else logits
+    return torch.log_softmax(logits, dim=-1)
 
 
 def exponential_race(

@@ -115,7 +115,8 @@ class SamplingInputs:
         pos = np.arange(width)[None, :]
         n_prompt = batch.num_prompt_tokens[:n, None]
         pad = self.vocab_size
-        md.prompt_token_ids = torch.from_numpy(np.where(pos < n_prompt, tokens, pad)).to(dev)
+        in_prompt = (pos < n_prompt) & ~batch.prompt_is_embeds[:n, None]  # an embeds prompt has no token ids
+        md.prompt_token_ids = torch.from_numpy(np.where(in_prompt, tokens, pad)).to(dev)
         is_output = (pos >= n_prompt) & (pos < batch.num_tokens[:n, None])
         md.output_token_ids = torch.from_numpy(np.where(is_output, tokens, pad)).to(dev)
         md.frequency_penalties = torch.from_numpy(freq.copy()).to(dev)
