@@ -113,6 +113,16 @@ def test_abort_requests_while_asleep_keeps_the_engine(server, client, stream):
     assert problems(server.log[start:]) == []
 
 
+def test_resume_while_asleep_is_a_400_and_keeps_the_engine(server, client):
+    start = len(server.log)
+    assert client.post("/sleep", params={"level": 1}).status_code == 200
+    response = client.post("/resume")
+    assert response.status_code == 400, response.text
+    assert "wake_up" in response.json()["error"]["message"]
+    assert_serves_after_wake_up(client)
+    assert problems(server.log[start:]) == []
+
+
 def test_client_disconnects_and_aborts_leave_no_error_in_the_log(server, client):
     """Clients that leave mid-generation (streaming or not), and ``/abort_requests``, while the engine is awake."""
     start = len(server.log)

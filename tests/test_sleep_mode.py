@@ -60,6 +60,23 @@ def test_llm_with_sleep_mode_sleeps_and_wakes():
         assert llm.generate(PROMPT, PARAMS, use_tqdm=False)[0].outputs[0].token_ids == before
 
 
+@pytest.mark.parametrize("multiprocess", ["0", "1"])
+def test_resuming_a_sleeping_engine_is_refused_and_keeps_it(multiprocess, monkeypatch):
+    """A resume while the weights and KV cache are gone would run a step on nothing (ExecutorAsleepError killed the
+    engine): it is refused, naming wake_up, and the engine wakes up and serves as before."""
+    monkeypatch.setenv("VLLITE_ENABLE_MULTIPROCESSING", multiprocess)
+    with _llm(enable_sleep_mode=True) as llm:
+        before = llm.generate(PROMPT, PARAMS, use_tqdm=False)[0].outputs[0].token_ids
+        llm.sleep(level=1)
+        with pytest.raises((ValueError, UtilityCallError), match=r"asleep: wake_up\(\)"):
+            llm.llm_engine.resume_scheduler()
+        with pytest.raises((ValueError, UtilityCallError), match="asleep"):
+            llm.wake_up(tags=["scheduling"])
+        assert llm.llm_engine.is_sleeping() is True
+        llm.wake_up()
+        assert llm.generate(PROMPT, PARAMS, use_tqdm=False)[0].outputs[0].token_ids == before
+
+
 def test_vllite_serve_without_sleep_mode_answers_400_on_sleep():
     from test_api_server_count import ServeProcess
 

@@ -342,6 +342,9 @@ class EngineCore:
         return _then(drained, after_pause)
 
     def resume_scheduler(self) -> None:
+        """Schedules again; ``ValueError`` while the executor sleeps (a step would find no weights or KV cache)."""
+        if self.is_sleeping():
+            raise ValueError("The engine is asleep: wake_up() (POST /wake_up) restores it and resumes scheduling.")
         self.scheduler.set_pause_state(PauseState.UNPAUSED)
 
     def is_scheduler_paused(self) -> bool:
@@ -374,15 +377,16 @@ class EngineCore:
         self.model_executor.sleep(level)
 
     def wake_up(self, tags: list[str] | None = None) -> None:
-        """Restores what ``sleep`` freed (``tags`` select parts; ``["scheduling"]`` alone only resumes), then
-        resumes scheduling."""
+        """Restores what ``sleep`` freed (``tags`` select parts), then resumes scheduling once nothing sleeps: a
+        partial wake-up (``["weights"]``) waits for the rest. ``["scheduling"]`` alone only resumes."""
         if tags is not None and "scheduling" in tags:
             tags = [t for t in tags if t != "scheduling"]
         if tags:
             check_sleep_mode(self.config, "wake_up", tags=tags)
         if tags is None or tags:
             self.model_executor.wake_up(tags)
-        self.resume_scheduler()
+        if tags == [] or not self.is_sleeping():
+            self.resume_scheduler()
 
     def is_sleeping(self) -> bool:
         return bool(self.model_executor.is_sleeping)

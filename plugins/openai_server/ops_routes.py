@@ -64,46 +64,7 @@ def ops_router(ctx: ServerContext, dependencies: list[Any]) -> APIRouter:
     router = APIRouter(dependencies=[Depends(dep) for dep in dependencies])
     engine = ctx.engine
 
-    @router.post("/sleep")
-    async def sleep(level: Annotated[int, Query(ge=0, le=2)] = 1, mode: PauseModeParam = "abort") -> Response:
-        logger.info("Putting the engine to sleep (level %d, mode %s)", level, mode)
-        await engine.sleep(level, mode)
-        if ctx.metrics is not None:
-            ctx.metrics.record_sleep_state(level)
-        return Response(status_code=200)
-
-    @router.post("/wake_up")
-    async def wake_up(tags: Annotated[list[str] | None, Query()] = None) -> Response:
-        unknown = sorted(set(tags or ()) - set(WAKE_UP_TAGS))
-        if unknown:
-            raise BadRequestError(f"Unknown wake_up tags {unknown}; known: {', '.join(WAKE_UP_TAGS)}.", param="tags")
-        logger.info("Waking the engine up (tags %s)", tags or "all")
-        await engine.wake_up(tags or None)
-        if ctx.metrics is not None and not await engine.is_sleeping():
-            ctx.metrics.record_sleep_state(0)
-        return Response(status_code=200)
-
-    @router.get("/is_sleeping")
-    async def is_sleeping() -> Response:
-        return json_response({"is_sleeping": bool(await engine.is_sleeping())})
-
-    @router.post("/pause")
-    async def pause(
-        mode: PauseModeParam = "abort", wait_for_inflight_requests: bool = False, clear_cache: bool = True
-    ) -> Response:
-        if wait_for_inflight_requests:  # vLLM's older spelling of mode=wait
-            mode = "wait"
-        await engine.pause_generation(mode, clear_cache)
-        return json_response({"status": "paused"})
-
-    @router.post("/resume")
-    async def resume() -> Response:
-        await engine.resume_generation()
-        return json_response({"status": "resumed"})
-
-    @router.get("/is_paused")
-    async def is_paused() -> Response:
-        return json_response({"is_paused": await engine.is_paused()})
+    _add_sleep_and_pause_routes(router, ctx, json_response)
 
     @router.post("/reset_prefix_cache")
     async def reset_prefix_cache(reset_running_requests: bool = False, reset_external: bool = False) -> Response:
@@ -157,6 +118,57 @@ def ops_router(ctx: ServerContext, dependencies: list[Any]) -> APIRouter:
         return json_response(describe(engine.config, config_format, getattr(engine, "engine_info", None)))
 
     return router
+
+
+def _add_sleep_and_pause_routes(router: APIRouter, ctx: ServerContext, json_response: Any) -> None:
+    """``/sleep``, ``/wake_up``, ``/is_sleeping``, ``/pause``, ``/resume`` and ``/is_paused`` on ``router``."""
+    engine = ctx.engine
+
+    @router.post("/sleep")
+    async def sleep(level: Annotated[int, Query(ge=0, le=2)] = 1, mode: PauseModeParam = "abort") -> Response:
+        logger.info("Putting the engine to sleep (level %d, mode %s)", level, mode)
+        await engine.sleep(level, mode)
+        if ctx.metrics is not None:
+            ctx.metrics.record_sleep_state(level)
+        return Response(status_code=200)
+
+    @router.post("/wake_up")
+    async def wake_up(tags: Annotated[list[str] | None, Query()] = None) -> Response:
+        unknown = sorted(set(tags or ()) - set(WAKE_UP_TAGS))
+        if unknown:
+            raise BadRequestError(f"Unknown wake_up tags {unknown}; known: {', '.join(WAKE_UP_TAGS)}.", param="tags")
+        logger.info("Waking the engine up (tags %s)", tags or "all")
+        await engine.wake_up(tags or None)
+        if ctx.metrics is not None and not await engine.is_sleeping():
+            ctx.metrics.record_sleep_state(0)
+        return Response(status_code=200)
+
+    @router.get("/is_sleeping")
+    async def is_sleeping() -> Response:
+        return json_response({"is_sleeping": bool(await engine.is_sleeping())})
+
+    @router.post("/pause")
+    async def pause(
+        mode: PauseModeParam = "abort", wait_for_inflight_requests: bool = False, clear_cache: bool = True
+    ) -> Response:
+        if wait_for_inflight_requests:  # vLLM's older spelling of mode=wait
+            mode = "wait"
+        await engine.pause_generation(mode, clear_cache)
+        return json_response({"status": "paused"})
+
+    @router.post("/resume")
+    async def resume() -> Response:
+        try:
+            await engine.resume_generation()
+        except UtilityCallError as exc:
+            if "engine is asleep" not in str(exc):
+                raise
+            raise BadRequestError(str(exc).split("failed: ", 1)[-1]) from None
+        return json_response({"status": "resumed"})
+
+    @router.get("/is_paused")
+    async def is_paused() -> Response:
+        return json_response({"is_paused": await engine.is_paused()})
 
 
 _PROMPT_SUFFIX = re.compile(r"-\d+$")
