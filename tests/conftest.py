@@ -44,3 +44,20 @@ def _cpu_decode_kernel_built() -> None:
     from vllite.kernels.cpu_decode import decode_kernel
 
     decode_kernel()
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir() -> str:
+    """The cached tiny random Llama checkpoint (vllite.testing) that the HF-oracle tests share."""
+    from vllite.testing import make_tiny_model_dir_cached
+
+    return str(make_tiny_model_dir_cached("llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_hf(tiny_llama_dir: str):
+    """Hugging Face's float32 model of ``tiny_llama_dir``: the oracle for greedy tokens and logprobs."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()

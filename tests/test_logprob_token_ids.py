@@ -12,30 +12,17 @@ from tests.test_server_request_fields import post
 from vllite import LLM, SamplingParams
 from vllite.plugins.transformers_executor.sampler import gather_logprobs
 from vllite.sampling_params import MAX_LOGPROB_TOKEN_IDS
-from vllite.testing import make_tiny_model_dir_cached
 
 LABELS = [7, 42, 3, 250]
 PROMPTS = [[5, 9, 30, 31, 32, 5, 9, 30, 31], [100, 7, 7, 64, 12]]
 MAX_TOKENS = 6
 
 
-@pytest.fixture(scope="module")
-def model_dir() -> str:
-    return str(make_tiny_model_dir_cached("llama"))
-
-
-@pytest.fixture(scope="module")
-def hf_model(model_dir):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-
-
-def hf_step_logprobs(hf_model, prompt: list[int], output: list[int]) -> torch.Tensor:
+def hf_step_logprobs(tiny_llama_hf, prompt: list[int], output: list[int]) -> torch.Tensor:
     """``[len(output), vocab]``: the model's log_softmax at each generated position (teacher-forced)."""
     ids = torch.tensor([prompt + output])
     with torch.no_grad():
-        logits = hf_model(ids).logits[0, len(prompt) - 1 : -1].float()
+        logits = tiny_llama_hf(ids).logits[0, len(prompt) - 1 : -1].float()
     return torch.log_softmax(logits, dim=-1)
 
 
@@ -86,28 +73,30 @@ def test_gather_puts_each_rows_own_ids_after_the_sampled_token():
 
 
 # ------------------------------------------------------------------------------------------------ offline
-def _generate(model_dir: str, params: list[SamplingParams], **llm_kwargs):
-    with LLM(model_dir, dtype="float32", block_size=16, max_model_len=128, **llm_kwargs) as llm:
+def _generate(tiny_llama_dir: str, params: list[SamplingParams], **llm_kwargs):
+    with LLM(tiny_llama_dir, dtype="float32", block_size=16, max_model_len=128, **llm_kwargs) as llm:
         return llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
 
 
 @pytest.mark.parametrize("speculative", [False, True], ids=["plain", "ngram-drafts"])
-def test_generate_returns_the_named_ids_equal_to_hugging_face(model_dir, hf_model, speculative):
+def test_generate_returns_the_named_ids_equal_to_hugging_face(tiny_llama_dir, tiny_llama_hf, speculative):
     labels = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprob_token_ids=LABELS)
     top = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=6)
     spec = {"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}} if speculative else {}
-    first, second = _generate(model_dir, [labels, top], **spec)
+    first, second = _generate(tiny_llama_dir, [labels, top], **spec)
     sample = first.outputs[0]
-    check_positions(sample.logprobs, sample.token_ids, hf_step_logprobs(hf_model, PROMPTS[0], sample.token_ids), LABELS)
+    check_positions(
+        sample.logprobs, sample.token_ids, hf_step_logprobs(tiny_llama_hf, PROMPTS[0], sample.token_ids), LABELS
+    )
     # The other request in the same batch keeps its own top-6.
-    reference = hf_step_logprobs(hf_model, PROMPTS[1], second.outputs[0].token_ids)
+    reference = hf_step_logprobs(tiny_llama_hf, PROMPTS[1], second.outputs[0].token_ids)
     for position, row in zip(second.outputs[0].logprobs, reference):
         top_ids = set(torch.topk(row, 6).indices.tolist())
         assert top_ids <= set(position) and len(position) <= 7
 
 
-def test_out_of_vocabulary_id_is_refused_naming_the_field(model_dir):
-    with LLM(model_dir, dtype="float32", max_model_len=64) as llm:
+def test_out_of_vocabulary_id_is_refused_naming_the_field(tiny_llama_dir):
+    with LLM(tiny_llama_dir, dtype="float32", max_model_len=64) as llm:
         vocab = llm.llm_engine.engine_info.vocab_size
         with pytest.raises(ValueError, match="logprob_token_ids"):
             llm.generate({"prompt_token_ids": [1, 2]}, SamplingParams(logprob_token_ids=[1, vocab]), use_tqdm=False)
@@ -125,10 +114,12 @@ openai = pytest.importorskip("openai")
 
 
 @pytest.fixture(scope="module")
-def server(model_dir):
+def server(tiny_llama_dir):
     from vllite.plugins.openai_server.testing import RemoteServer
 
-    with RemoteServer([model_dir, "--served-model-name", "tiny", "--max-model-len", "128", "--dtype", "float32"]) as r:
+    with RemoteServer(
+        [tiny_llama_dir, "--served-model-name", "tiny", "--max-model-len", "128", "--dtype", "float32"]
+    ) as r:
         yield r
 
 
@@ -138,7 +129,7 @@ def client(server):
         yield c
 
 
-def test_completions_top_logprobs_are_the_named_ids(client, hf_model):
+def test_completions_top_logprobs_are_the_named_ids(client, tiny_llama_hf):
     response = client.completions.create(
         model="tiny",
         prompt=PROMPTS[0],
@@ -149,7 +140,7 @@ def test_completions_top_logprobs_are_the_named_ids(client, hf_model):
     )
     choice = response.choices[0]
     token_ids = choice.model_extra["token_ids"]
-    reference = hf_step_logprobs(hf_model, PROMPTS[0], token_ids)
+    reference = hf_step_logprobs(tiny_llama_hf, PROMPTS[0], token_ids)
     for top, token, row in zip(choice.logprobs.top_logprobs, token_ids, reference):
         assert set(top) == {f"token_id:{t}" for t in [token, *LABELS]}
         for key, value in top.items():
@@ -157,7 +148,7 @@ def test_completions_top_logprobs_are_the_named_ids(client, hf_model):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_chat_top_logprobs_are_the_named_ids_in_order(client, hf_model, stream):
+def test_chat_top_logprobs_are_the_named_ids_in_order(client, tiny_llama_hf, stream):
     kwargs = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0}
     extra = {"logprob_token_ids": LABELS, "return_tokens_as_token_ids": True}
     if stream:

@@ -16,7 +16,6 @@ import torch
 from vllite import LLM, SamplingParams
 from vllite.config import LOGPROBS_MODES
 from vllite.plugins.transformers_executor.sampler import Sampler, SamplingMetadata
-from vllite.testing import make_tiny_model_dir_cached
 
 PROMPTS = [[5, 9, 30, 31, 32, 5, 9, 30, 31], [100, 7, 7, 64, 12]]
 MAX_TOKENS = 5
@@ -24,22 +23,10 @@ NUM_LOGPROBS = 3
 TOP_K, TEMPERATURE, REPETITION_PENALTY = 4, 0.7, 1.6
 
 
-@pytest.fixture(scope="module")
-def model_dir() -> str:
-    return str(make_tiny_model_dir_cached("llama"))
-
-
-@pytest.fixture(scope="module")
-def hf_model(model_dir):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-
-
-def hf_logits(hf_model, prompt: list[int], output: list[int]) -> torch.Tensor:
+def hf_logits(tiny_llama_hf, prompt: list[int], output: list[int]) -> torch.Tensor:
     """``[len(output), vocab]``: the model's logits at each generated position (teacher-forced)."""
     with torch.no_grad():
-        return hf_model(torch.tensor([prompt + output])).logits[0, len(prompt) - 1 : -1].float()
+        return tiny_llama_hf(torch.tensor([prompt + output])).logits[0, len(prompt) - 1 : -1].float()
 
 
 def penalized(logits: torch.Tensor, prompt: list[int], output: list[int]) -> torch.Tensor:
@@ -78,7 +65,7 @@ def check(positions, token_ids: list[int], reference: torch.Tensor) -> None:
 
 # ------------------------------------------------------------------------------------------------ offline
 @pytest.mark.parametrize("mode", LOGPROBS_MODES)
-def test_generate_returns_the_values_of_each_mode(model_dir, hf_model, mode):
+def test_generate_returns_the_values_of_each_mode(tiny_llama_dir, tiny_llama_hf, mode):
     greedy = SamplingParams(
         temperature=0.0,
         repetition_penalty=REPETITION_PENALTY,
@@ -90,28 +77,28 @@ def test_generate_returns_the_values_of_each_mode(model_dir, hf_model, mode):
     random = SamplingParams(
         temperature=TEMPERATURE, top_k=TOP_K, seed=7, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=NUM_LOGPROBS
     )
-    with LLM(model_dir, dtype="float32", block_size=16, max_model_len=128, logprobs_mode=mode) as llm:
+    with LLM(tiny_llama_dir, dtype="float32", block_size=16, max_model_len=128, logprobs_mode=mode) as llm:
         first, second = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], [greedy, random], use_tqdm=False)
     out = first.outputs[0]
-    raw = hf_logits(hf_model, PROMPTS[0], out.token_ids)
+    raw = hf_logits(tiny_llama_hf, PROMPTS[0], out.token_ids)
     check(out.logprobs, out.token_ids, expected(mode, raw, penalized(raw, PROMPTS[0], out.token_ids)))
     out = second.outputs[0]
-    raw = hf_logits(hf_model, PROMPTS[1], out.token_ids)
+    raw = hf_logits(tiny_llama_hf, PROMPTS[1], out.token_ids)
     check(out.logprobs, out.token_ids, expected(mode, raw, tempered_top_k(raw)))
     # Prompt logprobs are raw logprobs whatever the mode (vLLM computes them from the model's logits).
     with torch.no_grad():
-        prompt_reference = torch.log_softmax(hf_model(torch.tensor([PROMPTS[0]])).logits[0, :-1].float(), dim=-1)
+        prompt_reference = torch.log_softmax(tiny_llama_hf(torch.tensor([PROMPTS[0]])).logits[0, :-1].float(), dim=-1)
     assert first.prompt_logprobs[0] is None
     for position, token, row in zip(first.prompt_logprobs[1:], PROMPTS[0][1:], prompt_reference):
         assert position[token].logprob == pytest.approx(row[token].item(), abs=2e-4)
 
 
-def test_bad_mode_is_refused_naming_the_field_and_the_choices(model_dir):
+def test_bad_mode_is_refused_naming_the_field_and_the_choices(tiny_llama_dir):
     with pytest.raises(ValueError, match="logprobs_mode") as info:
-        LLM(model_dir, logprobs_mode="processed")
+        LLM(tiny_llama_dir, logprobs_mode="processed")
     assert all(mode in str(info.value) for mode in LOGPROBS_MODES)
     with pytest.raises(ValueError, match="logprobs_mode=processed_logits cannot be combined with speculative"):
-        LLM(model_dir, logprobs_mode="processed_logits", speculative_config={"method": "ngram"})
+        LLM(tiny_llama_dir, logprobs_mode="processed_logits", speculative_config={"method": "ngram"})
 
 
 # ------------------------------------------------------------------------------------------------ sampler
@@ -149,10 +136,10 @@ openai = pytest.importorskip("openai")
 
 
 @pytest.fixture(scope="module")
-def client(model_dir):
+def client(tiny_llama_dir):
     from vllite.plugins.openai_server.testing import RemoteServer
 
-    args = [model_dir, "--served-model-name", "tiny", "--max-model-len", "128", "--dtype", "float32"]
+    args = [tiny_llama_dir, "--served-model-name", "tiny", "--max-model-len", "128", "--dtype", "float32"]
     with (
         RemoteServer([*args, "--logprobs-mode", "processed_logprobs"]) as server,
         openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0) as c,
@@ -160,7 +147,7 @@ def client(model_dir):
         yield c
 
 
-def test_serve_returns_processed_logprobs(client, hf_model):
+def test_serve_returns_processed_logprobs(client, tiny_llama_hf):
     response = client.completions.create(
         model="tiny",
         prompt=PROMPTS[1],
@@ -172,7 +159,7 @@ def test_serve_returns_processed_logprobs(client, hf_model):
     )
     choice = response.choices[0]
     token_ids = choice.model_extra["token_ids"]
-    reference = torch.log_softmax(tempered_top_k(hf_logits(hf_model, PROMPTS[1], token_ids)), dim=-1)
+    reference = torch.log_softmax(tempered_top_k(hf_logits(tiny_llama_hf, PROMPTS[1], token_ids)), dim=-1)
     for top, token, row in zip(choice.logprobs.top_logprobs, token_ids, reference):
         assert f"token_id:{token}" in top
         values = {int(key.split(":")[1]): value for key, value in top.items()}
@@ -182,9 +169,9 @@ def test_serve_returns_processed_logprobs(client, hf_model):
             assert value == pytest.approx(row[token_id].item(), abs=2e-4)
 
 
-def test_serve_refuses_a_bad_mode_naming_the_choices(model_dir):
+def test_serve_refuses_a_bad_mode_naming_the_choices(tiny_llama_dir):
     result = subprocess.run(
-        [sys.executable, "-m", "vllite.cli", "serve", model_dir, "--logprobs-mode", "raw"],
+        [sys.executable, "-m", "vllite.cli", "serve", tiny_llama_dir, "--logprobs-mode", "raw"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -15,40 +15,30 @@ import torch
 openai = pytest.importorskip("openai")
 
 from vllite.plugins.openai_server.testing import RemoteServer  # noqa: E402
-from vllite.testing import make_tiny_model_dir_cached  # noqa: E402
 
 MODEL = "tiny"
 TEXTS = ["def add(a, b):", "import os\nimport sys\n"]
 
 
 @pytest.fixture(scope="module")
-def model_dir() -> str:
-    return str(make_tiny_model_dir_cached("llama"))
-
-
-@pytest.fixture(scope="module")
-def hf_model(model_dir):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
-def tokenizer(model_dir):
+def tokenizer(tiny_llama_dir):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(model_dir)
+    return AutoTokenizer.from_pretrained(tiny_llama_dir)
 
 
-def serve(model_dir: str, *extra: str) -> RemoteServer:
-    args = [model_dir, "--served-model-name", MODEL, "--max-model-len", "128", "--dtype", "float32", *extra]
+def serve(tiny_llama_dir: str, *extra: str) -> RemoteServer:
+    args = [tiny_llama_dir, "--served-model-name", MODEL, "--max-model-len", "128", "--dtype", "float32", *extra]
     return RemoteServer(args)
 
 
 @pytest.fixture(scope="module")
-def client(model_dir):
+def client(tiny_llama_dir):
     flags = ("--enable-prompt-embeds", "--max-num-batched-tokens", "8", "--block-size", "4")
-    with serve(model_dir, *flags) as server, openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0) as c:
+    with (
+        serve(tiny_llama_dir, *flags) as server,
+        openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0) as c,
+    ):
         yield c
 
 
@@ -59,9 +49,9 @@ def b64(tensor: torch.Tensor) -> str:
 
 
 @torch.inference_mode()
-def embeds_of(hf_model, tokenizer, text: str) -> tuple[list[int], torch.Tensor]:
+def embeds_of(tiny_llama_hf, tokenizer, text: str) -> tuple[list[int], torch.Tensor]:
     ids = tokenizer.encode(text)
-    return ids, hf_model.get_input_embeddings()(torch.tensor(ids)).clone()
+    return ids, tiny_llama_hf.get_input_embeddings()(torch.tensor(ids)).clone()
 
 
 def complete(client, **kwargs):
@@ -69,8 +59,8 @@ def complete(client, **kwargs):
     return client.completions.create(model=MODEL, max_tokens=8, temperature=0.0, extra_body=extra, **kwargs)
 
 
-def test_prompt_embeds_equal_token_prompt(client, hf_model, tokenizer):
-    ids, embeds = embeds_of(hf_model, tokenizer, TEXTS[0])
+def test_prompt_embeds_equal_token_prompt(client, tiny_llama_hf, tokenizer):
+    ids, embeds = embeds_of(tiny_llama_hf, tokenizer, TEXTS[0])
     by_embeds = complete(client, prompt="", extra={"prompt_embeds": b64(embeds), "return_token_ids": True})
     by_ids = complete(client, prompt=ids, extra={"return_token_ids": True})
     assert len(by_embeds.choices) == 1
@@ -79,9 +69,9 @@ def test_prompt_embeds_equal_token_prompt(client, hf_model, tokenizer):
     assert by_embeds.usage.prompt_tokens == len(ids)
 
 
-def test_embeds_come_before_prompts_in_a_mixed_request(client, hf_model, tokenizer):
-    ids0, embeds0 = embeds_of(hf_model, tokenizer, TEXTS[0])
-    ids1, embeds1 = embeds_of(hf_model, tokenizer, TEXTS[1])
+def test_embeds_come_before_prompts_in_a_mixed_request(client, tiny_llama_hf, tokenizer):
+    ids0, embeds0 = embeds_of(tiny_llama_hf, tokenizer, TEXTS[0])
+    ids1, embeds1 = embeds_of(tiny_llama_hf, tokenizer, TEXTS[1])
     expected = [complete(client, prompt=ids).choices[0].text for ids in (ids0, ids1)]
     mixed = complete(client, prompt=[ids0], extra={"prompt_embeds": [b64(embeds1)]})
     assert [c.index for c in mixed.choices] == [0, 1]
@@ -104,8 +94,8 @@ def test_embeds_come_before_prompts_in_a_mixed_request(client, hf_model, tokeniz
         ("dict", "must hold a torch.Tensor"),
     ],
 )
-def test_bad_prompt_embeds_are_400_and_server_serves_on(client, hf_model, tokenizer, payload, message):
-    hidden = hf_model.config.hidden_size
+def test_bad_prompt_embeds_are_400_and_server_serves_on(client, tiny_llama_hf, tokenizer, payload, message):
+    hidden = tiny_llama_hf.config.hidden_size
     tensors = {
         "tensor:wide": torch.zeros(3, hidden + 1),
         "tensor:int": torch.zeros(3, hidden, dtype=torch.int32),
@@ -120,11 +110,11 @@ def test_bad_prompt_embeds_are_400_and_server_serves_on(client, hf_model, tokeni
         complete(client, prompt="", extra={"prompt_embeds": payload})
     assert message in info.value.message
     assert info.value.body["param"] == "prompt_embeds"
-    ids, _ = embeds_of(hf_model, tokenizer, TEXTS[0])
+    ids, _ = embeds_of(tiny_llama_hf, tokenizer, TEXTS[0])
     assert complete(client, prompt=ids).choices[0].finish_reason == "length"
 
 
-def test_echo_with_prompt_embeds_is_400(client, hf_model, tokenizer):
-    _, embeds = embeds_of(hf_model, tokenizer, TEXTS[0])
+def test_echo_with_prompt_embeds_is_400(client, tiny_llama_hf, tokenizer):
+    _, embeds = embeds_of(tiny_llama_hf, tokenizer, TEXTS[0])
     with pytest.raises(openai.BadRequestError, match="echo is not supported with prompt_embeds"):
         complete(client, prompt="", echo=True, extra={"prompt_embeds": b64(embeds)})
