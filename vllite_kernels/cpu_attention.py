@@ -7,8 +7,11 @@ rows with one more (skipped when they are already in order), and each bucket run
 read in place, grouped-query heads via ``enable_gqa``, or for decode buckets with groups of 4 or more as extra
 query rows of their KV head so keys are read once per KV head), padded only to the bucket's own longest context. Fresh
 prefills use ``is_causal`` and no mask; the rest use the plan's additive mask (length, causality within the
-query, sliding window). A ``softcap`` (which SDPA cannot apply) takes an explicit float32 matmul-softmax-matmul
-per bucket instead. The outputs go back to the packed token order with one ``index_select`` into ``out``.
+query, sliding window). The gathered rows past each sequence's length are zeroed first: a masked position must
+contribute nothing even when the cache there holds NaN or Inf (a freed block written by a model that made NaN, memory
+never written), and ``0 * NaN`` is NaN. A ``softcap`` (which SDPA cannot apply) takes an explicit float32
+matmul-softmax-matmul per bucket instead. The outputs go back to the packed token order with one ``index_select``
+into ``out``.
 
 A pure decode batch (one query token per sequence, a float32, bfloat16 or fp8 cache, no window or softcap) skips all
 that: the compiled kernel of :mod:`vllite.kernels.cpu_decode` reads the cache through the block tables in place.
@@ -90,6 +93,17 @@ def reshape_and_cache_cpu(
         return
     flat_k.index_copy_(0, slots, k)
     flat_v.index_copy_(0, slots, v)
+
+
+def _zero_stale(keys: Tensor, values: Tensor, rows: Tensor) -> None:
+    """Zeroes the gathered token ``rows`` that hold no token of their sequence (the tail of a last block, a bucket's
+    padding blocks), whose keys and values the masks hide: a hidden score is ``-inf`` only for a finite key, and a
+    zero weight times a NaN or Inf value is NaN. Costs one ``index_fill_`` over those rows per cache and layer."""
+    if rows.numel() == 0:
+        return
+    for gathered in (keys, values):
+        flat = gathered.view(-1, *gathered.shape[2:])
+        (flat.view(torch.uint8) if flat.element_size() == 1 else flat).index_fill_(0, rows, 0)
 
 
 def _widened(cache: Tensor, scale: float, out: Tensor) -> Tensor:
@@ -213,6 +227,7 @@ def paged_attention_cpu(
     values = _buffer(1, total * row, value_cache).view(total, *value_cache.shape[1:])
     torch.index_select(key_cache, 0, plan.block_index, out=keys)
     torch.index_select(value_cache, 0, plan.block_index, out=values)
+    _zero_stale(keys, values, plan.stale_rows())
     if is_fp8(key_cache.dtype):
         # Widen the gathered bytes once into reused buffers of the query's dtype; SDPA then runs as for that cache.
         keys = _widened(keys, params.k_scale, _buffer(2, total * row, query).view(keys.shape))

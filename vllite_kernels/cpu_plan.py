@@ -15,7 +15,8 @@ of the padded keys; a cut is made where the padding it saves the remaining (shor
 overhead. With a sliding window only the blocks the window can reach are attended.
 
 Per bucket the plan holds the flat list of cache blocks to gather (one ``index_select`` per layer for all
-buckets), the query rows (padded rows repeat the sequence's last query row), and an additive float mask
+buckets), the query rows (padded rows repeat the sequence's last query row), the gathered rows that hold no token of
+their sequence (zeroed after each gather: see :meth:`CpuAttentionPlan.stale_rows`), and an additive float mask
 ``[num_seqs, 1, q_len, num_blocks * block_size]`` (``0`` where a key is visible, ``-inf`` elsewhere) built
 lazily once per dtype; ``out_index`` maps each packed token back to its row of the bucket outputs. Index tensors
 that would be the identity are ``None``.
@@ -110,6 +111,8 @@ class CpuAttentionPlan:
     ``out_index`` ``[num_valid_tokens]`` int64 or ``None`` (identity): each packed token's row of the bucket
     outputs concatenated. ``slots``: the cache-write slots prepared for
     :func:`~vllite.kernels.cpu_attention.reshape_and_cache_cpu`, or ``None`` when no slot mapping was given.
+    ``block_tokens`` ``[total_blocks]``: how many leading slots of each gathered block hold a token of its sequence
+    (fewer than ``block_size`` in a sequence's last block, 0 in a bucket's padding blocks).
     """
 
     block_size: int
@@ -120,6 +123,22 @@ class CpuAttentionPlan:
     query_index: torch.Tensor | None
     out_index: torch.Tensor | None
     slots: CacheSlots | None = None
+    block_tokens: np.ndarray | None = field(default=None, repr=False)
+    _stale_rows: torch.Tensor | None = field(default=None, repr=False)
+
+    def stale_rows(self) -> torch.Tensor:
+        """The rows of the gathered ``[total_blocks * block_size]`` token rows that hold no token of their sequence
+        (int64, built once): whatever they hold (a freed block's old keys, NaN from a model that made NaN, never
+        written memory) is masked, but a masked weight times NaN is NaN, so the attention zeroes them first."""
+        if self._stale_rows is None:
+            bs = self.block_size
+            tokens = np.zeros(0, dtype=np.int64) if self.block_tokens is None else self.block_tokens
+            partial = np.nonzero(tokens < bs)[0]
+            first, count = partial * bs + tokens[partial], bs - tokens[partial]
+            offsets = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+            with torch.inference_mode(False):
+                self._stale_rows = torch.from_numpy(np.repeat(first, count) + offsets)
+        return self._stale_rows
 
     def matches(self, block_size: int, sliding_window: int | None) -> bool:
         """Whether this plan was built for ``block_size`` and ``sliding_window``."""
@@ -212,6 +231,7 @@ def plan_paged_attention_cpu(
     table_col = np.minimum(first_block[rep] + col, max(tables.shape[1] - 1, 0))
     inside = col < num_blocks[rep]
     block_index = np.where(inside, tables[rep, table_col] if len(rep) else 0, 0).astype(np.int64)
+    block_tokens = np.clip(lens[rep] - (first_block[rep] + col) * block_size, 0, block_size)
 
     # Query rows: each sequence's rows padded to its bucket's query length by repeating its last row.
     rep = np.repeat(order, seq_q)
@@ -255,4 +275,5 @@ def plan_paged_attention_cpu(
         query_index=None if identity else torch.from_numpy(query_index),
         out_index=None if identity else torch.from_numpy(out_index),
         slots=None if slot_mapping is None else CacheSlots.of(slot_mapping),
+        block_tokens=block_tokens,
     )

@@ -198,6 +198,9 @@ def _attend_group(
         allowed &= pos[None, None, :] > q_pos[:, :, None] - sliding_window
     scores.masked_fill_(~allowed[None, :, :, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1).view(num_kv_heads, num_seqs, rows, ctx_len)
+    # A position no query sees may hold anything (a freed block's NaN, the null block of a window): its weight is
+    # 0, but 0 * NaN is NaN, so its value row is zeroed (the masked_fill above already replaced its scores).
+    values = values.masked_fill_(~allowed.any(1)[:, :, None, None], 0.0)
 
     ctx = torch.empty((num_kv_heads, num_seqs, rows, head_dim), dtype=torch.float32, device=device)
     for h in range(num_kv_heads):

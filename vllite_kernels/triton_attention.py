@@ -185,17 +185,20 @@ def _paged_attention_kernel(
 
     # Keys this block needs: [kv_start, kv_end). kv_end stops at the last query row's own position.
     kv_end = ctx_len + tl.minimum((q_block + 1) * BLOCK_Q, q_len)
+    # With a window, keys before the block's first row's window (kv_lo) are hidden from every row, and may sit in
+    # blocks the KV-cache manager swapped for the null block: they are not loaded (a zero weight times NaN is NaN).
     kv_start = 0
+    kv_lo = 0
     if USE_WINDOW:
-        kv_start = tl.maximum(ctx_len + q_block * BLOCK_Q - sliding_window + 1, 0)
-        kv_start = (kv_start // TILE_N) * TILE_N
+        kv_lo = tl.maximum(ctx_len + q_block * BLOCK_Q - sliding_window + 1, 0)
+        kv_start = (kv_lo // TILE_N) * TILE_N
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
     k_head = k_cache_ptr + kv_head * stride_kh
     v_head = v_cache_ptr + kv_head * stride_vh
 
     for start in range(kv_start, kv_end, TILE_N):
         offs_n = start + tl.arange(0, TILE_N)
-        n_ok = offs_n < kv_end
+        n_ok = (offs_n < kv_end) & (offs_n >= kv_lo)
         blk = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
         in_blk = offs_n % BLOCK_SIZE
         k = tl.load(
