@@ -168,9 +168,12 @@ def test_sleep_and_wake_up_round_trip(client, col):
     client.call_utility("sleep", 1)
     assert client.call_utility("is_sleeping") is True
     assert client.call_utility("is_scheduler_paused") is True
-    client.call_utility("wake_up", ["scheduling"])  # level-0 wake: scheduling resumes, memory stays asleep
-    assert client.call_utility("is_scheduler_paused") is False
+    # Scheduling alone cannot resume while the weights and KV cache sleep: a step would run on freed memory.
+    with pytest.raises(UtilityCallError, match="engine is asleep"):
+        client.call_utility("wake_up", ["scheduling"])
+    assert client.call_utility("is_scheduler_paused") is True
     client.call_utility("wake_up", None)
+    assert client.call_utility("is_scheduler_paused") is False
     assert client.call_utility("is_sleeping") is False
     client.add_request(request("after-wake", max_tokens=3))
     col.until_finished("after-wake")
