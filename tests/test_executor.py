@@ -188,7 +188,9 @@ def test_model_and_kv_cache_facts_are_reported_not_written(model_dirs: dict[str,
     assert ex.model_info.max_model_len == 256 and ex.model_info.vocab_size == cfg.model_config.hf_config.vocab_size
     assert cfg.model_config.hf_config.model_type == "llama"
     # 64 blocks of 4 tokens (one is the null block) hold 252 tokens: with no max_model_len given, the context shrinks.
-    assert ex.initialize_kv_cache() == KVCacheInfo(num_blocks=64, max_model_len=252)
+    # Each block: 4 tokens x K+V x 2 layers x 2 KV heads x head dim 16 x float32 bytes.
+    block_bytes = 4 * 2 * 2 * 2 * 16 * 4
+    assert ex.initialize_kv_cache() == KVCacheInfo(num_blocks=64, max_model_len=252, num_bytes=64 * block_bytes)
     assert cfg.model_config.max_model_len is None and cfg.cache_config.num_gpu_blocks is None  # unchanged
     assert ex.max_concurrent_batches == 1
     assert DefaultExecutor(make_config(model_dirs["llama"], max_model_len=100)).model_info.max_model_len == 100
@@ -218,7 +220,7 @@ def test_model_context_shrinks_to_a_small_kv_cache(model_dirs: dict[str, Path], 
         make_config(model_dirs["llama"], num_blocks=None, cpu_kvcache_space_gib=8 / 2**20, device="cpu")
     )
     with caplog.at_level("WARNING"):
-        assert ex.initialize_kv_cache() == KVCacheInfo(num_blocks=4, max_model_len=12)
+        assert ex.initialize_kv_cache() == KVCacheInfo(num_blocks=4, max_model_len=12, num_bytes=8 * 2**10)
     assert "max_model_len=256" in caplog.text and "lowering max_model_len to 12" in caplog.text
 
 
