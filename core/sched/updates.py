@@ -103,15 +103,8 @@ def _apply_sampled_to_scheduled(
         stopped = request.is_finished()
         session_open = False
         if stopped:
-            if was_running:
-                stopped_running.add(request)
-            else:
-                stopped_waiting.append(request)
-            session_open = keeps_session_open(request, max_model_len)
-            if session_open:
-                turns_ended.append(request)
-            else:
-                scheduler._free_request(request)
+            stopped_lists = (stopped_running, stopped_waiting, turns_ended)
+            session_open = _retire_stopped(scheduler, request, was_running, *stopped_lists)
         output = make_request_output(request, new_token_ids, stopped, model_runner_output, row_starts)
         if pooled is not None and output is not None and stopped:
             output.pooling_output = pooled.get(request_id)
@@ -122,6 +115,27 @@ def _apply_sampled_to_scheduled(
     for request in turns_ended:
         continue_session(scheduler, request)
     return outputs
+
+
+def _retire_stopped(
+    scheduler: Scheduler,
+    request: Request,
+    was_running: bool,
+    stopped_running: set[Request],
+    stopped_waiting: list[Request],
+    turns_ended: list[Request],
+) -> bool:
+    """Notes a stopped request for removal from its queue and frees it, unless it is a session whose turn ended
+    (it continues: True)."""
+    if was_running:
+        stopped_running.add(request)
+    else:
+        stopped_waiting.append(request)
+    if keeps_session_open(request, scheduler.max_model_len):
+        turns_ended.append(request)
+        return True
+    scheduler._free_request(request)
+    return False
 
 
 def _fail_if_reported(request: Request, failed: Mapping[str, str], fail_after_step: dict[str, str]) -> bool:

@@ -46,28 +46,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="Let requests bring their own chat_template (off: such requests get 400).",
     )
-    add(
-        "--tool-call-parser",
-        default=None,
-        help="Tool-call parser for tool_choice auto (vLLM's names: hermes, qwen3_coder, mistral, llama3_json, ...).",
-    )
-    add(
-        "--tool-parser-plugin",
-        action="append",
-        default=None,
-        metavar="FILE",
-        help="A Python file whose vllite hooks register tool (or reasoning) parsers; may be repeated.",
-    )
-    add(
-        "--reasoning-parser",
-        default=None,
-        help="Split replies into reasoning_content and content (vLLM's names: deepseek_r1, qwen3, granite, ...).",
-    )
-    add(
-        "--enable-auto-tool-choice",
-        action="store_true",
-        help="Accepted for vLLM compatibility; --tool-call-parser alone enables tool_choice='auto'.",
-    )
+    _add_parser_arguments(add)
     add("--enable-log-requests", action="store_true", help="Log every request's prompt and parameters.")
     add(
         "--lora-modules",
@@ -108,6 +87,32 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     EngineArgs.add_cli_args(parser)
     add_vllm_only_flags(parser)
     parser.set_defaults(disable_log_stats=False)  # a server reports metrics unless told not to
+
+
+def _add_parser_arguments(add: Any) -> None:
+    """The tool-call and reasoning parser flags (vLLM's names)."""
+    add(
+        "--tool-call-parser",
+        default=None,
+        help="Tool-call parser for tool_choice auto (vLLM's names: hermes, qwen3_coder, mistral, llama3_json, ...).",
+    )
+    add(
+        "--tool-parser-plugin",
+        action="append",
+        default=None,
+        metavar="FILE",
+        help="A Python file whose vllite hooks register tool (or reasoning) parsers; may be repeated.",
+    )
+    add(
+        "--reasoning-parser",
+        default=None,
+        help="Split replies into reasoning_content and content (vLLM's names: deepseek_r1, qwen3, granite, ...).",
+    )
+    add(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="Accepted for vLLM compatibility; --tool-call-parser alone enables tool_choice='auto'.",
+    )
 
 
 def add_http_arguments(group: Any) -> None:
