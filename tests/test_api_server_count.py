@@ -9,62 +9,28 @@ process behind. Bad values stop the start-up before any engine starts, naming th
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import signal
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 import pytest
 from http_client import request
+from serve_process import ServeProcess
 
 openai = pytest.importorskip("openai")
 
-READY = re.compile(r"vllite: serving .* on (https?://\S+) ")
 HEADER = "x-vllite-api-server"
+DEV_MODE = {"VLLITE_SERVER_DEV_MODE": "1"}
 PROMPT = "The quick brown fox"
 MAX_TOKENS = 6
 
 
-class ServeProcess:
-    """``vllite serve ARGS --port 0`` in a child process (dev mode); ``url`` once it prints where it serves."""
-
-    def __init__(self, args: list[str]) -> None:
-        argv = [sys.executable, "-m", "vllite.cli", "serve", "--port", "0", "--disable-uvicorn-access-log", *args]
-        env = {**os.environ, "VLLITE_SERVER_DEV_MODE": "1"}
-        self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        self.log: list[str] = []
-        self.url = ""
-        assert self.process.stdout is not None
-        for line in self.process.stdout:  # the banner comes once every API server is ready
-            self.log.append(line)
-            match = READY.search(line)
-            if match:
-                self.url = match.group(1)
-                break
-        if not self.url:
-            self.stop()
-            raise AssertionError("the server did not start:\n" + "".join(self.log[-30:]))
-        threading.Thread(target=lambda: self.log.extend(self.process.stdout), daemon=True).start()
-
-    def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(90)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
-
-
 @pytest.fixture(scope="module")
 def served():
-    server = ServeProcess(["--api-server-count", "2", "--enable-sleep-mode", "--max-model-len", "256"])
+    server = ServeProcess(["--api-server-count", "2", "--enable-sleep-mode", "--max-model-len", "256"], env=DEV_MODE)
     try:
         yield server
     finally:
@@ -124,7 +90,7 @@ def test_sleep_asked_of_one_api_server_is_seen_by_the_other(served):
 
 
 def test_sigint_stops_every_process():
-    server = ServeProcess(["-asc", "2", "--max-model-len", "256"])
+    server = ServeProcess(["-asc", "2", "--max-model-len", "256"], env=DEV_MODE)
     try:
         family = [psutil.Process(server.process.pid), *psutil.Process(server.process.pid).children(recursive=True)]
         assert len(family) >= 3  # API server 0, API server 1, the engine core (and multiprocessing's helper)

@@ -8,19 +8,15 @@ import argparse
 import os
 import re
 import shutil
-import signal
 import ssl
 import subprocess
 import sys
-import threading
-import time
 
 import pytest
 from http_client import request
+from serve_process import ServeProcess
 
 openai = pytest.importorskip("openai")
-
-READY = re.compile(r"vllite: serving .* on (https?://\S+) ")
 
 
 def make_self_signed(directory) -> tuple[str, str]:
@@ -72,47 +68,13 @@ def _with_cryptography(key_path: str, cert_path: str) -> tuple[str, str]:
     return key_path, cert_path
 
 
-class TlsServer:
-    """``vllite serve ARGS --port 0`` in a child process; ``url`` once it prints where it serves."""
-
-    def __init__(self, args: list[str]) -> None:
-        argv = [sys.executable, "-m", "vllite.cli", "serve", "--port", "0", "--disable-uvicorn-access-log", *args]
-        self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.log: list[str] = []
-        deadline = time.monotonic() + 180
-        self.url = ""
-        assert self.process.stdout is not None
-        while time.monotonic() < deadline:
-            line = self.process.stdout.readline()
-            if not line:
-                break
-            self.log.append(line)
-            match = READY.search(line)
-            if match:
-                self.url = match.group(1)
-                break
-        if not self.url:
-            self.stop()
-            raise AssertionError("the server did not start:\n" + "".join(self.log[-30:]))
-        threading.Thread(target=lambda: self.log.extend(self.process.stdout), daemon=True).start()
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
 @pytest.fixture(scope="module")
 def tls(tmp_path_factory):
     key, cert = make_self_signed(tmp_path_factory.mktemp("tls"))
     args = ["--served-model-name", "demo", "--max-model-len", "256", "--ssl-keyfile", key, "--ssl-certfile", cert,
             "--root-path", "/api", "--allowed-origins", '["https://app.example"]', "--allowed-methods", "GET,POST",
             "--allow-credentials"]  # fmt: skip
-    server = TlsServer(args)
+    server = ServeProcess(args)
     server.context = ssl.create_default_context(cafile=cert)
     try:
         yield server
