@@ -18,7 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 import pytest
 from http_client import request
-from serve_process import ServeProcess
+
+from vllite.plugins.openai_server.testing import RemoteServer
 
 openai = pytest.importorskip("openai")
 
@@ -30,11 +31,13 @@ MAX_TOKENS = 6
 
 @pytest.fixture(scope="module")
 def served():
-    server = ServeProcess(["--api-server-count", "2", "--enable-sleep-mode", "--max-model-len", "256"], env=DEV_MODE)
+    server = RemoteServer(
+        ["--api-server-count", "2", "--enable-sleep-mode", "--max-model-len", "256"], env=DEV_MODE, timeout_s=180
+    )
     try:
         yield server
     finally:
-        server.stop()
+        server.stop(90)
 
 
 def _complete(client: openai.OpenAI) -> tuple[str, str, str | None, int]:
@@ -90,12 +93,12 @@ def test_sleep_asked_of_one_api_server_is_seen_by_the_other(served):
 
 
 def test_sigint_stops_every_process():
-    server = ServeProcess(["-asc", "2", "--max-model-len", "256"], env=DEV_MODE)
+    server = RemoteServer(["-asc", "2", "--max-model-len", "256"], env=DEV_MODE, timeout_s=180)
     try:
         family = [psutil.Process(server.process.pid), *psutil.Process(server.process.pid).children(recursive=True)]
         assert len(family) >= 3  # API server 0, API server 1, the engine core (and multiprocessing's helper)
     finally:
-        code = server.stop()
+        code = server.stop(90)
     assert code == 0, "".join(server.log[-30:])
     _, alive = psutil.wait_procs(family, timeout=30)
     assert not alive, [(p.pid, p.name()) for p in alive]

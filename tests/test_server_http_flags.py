@@ -14,7 +14,8 @@ import sys
 
 import pytest
 from http_client import request
-from serve_process import ServeProcess
+
+from vllite.plugins.openai_server.testing import RemoteServer
 
 openai = pytest.importorskip("openai")
 
@@ -74,7 +75,7 @@ def tls(tmp_path_factory):
     args = ["--served-model-name", "demo", "--max-model-len", "256", "--ssl-keyfile", key, "--ssl-certfile", cert,
             "--root-path", "/api", "--allowed-origins", '["https://app.example"]', "--allowed-methods", "GET,POST",
             "--allow-credentials"]  # fmt: skip
-    server = ServeProcess(args)
+    server = RemoteServer(args, timeout_s=180)
     server.context = ssl.create_default_context(cafile=cert)
     try:
         yield server

@@ -78,9 +78,9 @@ def test_resuming_a_sleeping_engine_is_refused_and_keeps_it(multiprocess, monkey
 
 
 def test_vllite_serve_without_sleep_mode_answers_400_on_sleep():
-    from serve_process import ServeProcess
+    from vllite.plugins.openai_server.testing import RemoteServer
 
-    server = ServeProcess(["--max-model-len", "256"], env={"VLLITE_SERVER_DEV_MODE": "1"})  # no --enable-sleep-mode
+    server = RemoteServer(["--max-model-len", "256"], env={"VLLITE_SERVER_DEV_MODE": "1"})  # no --enable-sleep-mode
     try:
         answer = request("POST", server.url + "/sleep", params={"level": 1})
         assert answer.status_code == 400, answer.text

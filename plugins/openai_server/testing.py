@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from vllite.exceptions import EngineStartupError
 
 FORCED_SEQUENCE = "vllite.testing.logitsprocs:ForcedSequenceLogitsProcessor"
-_READY = re.compile(r"vllite: serving .* on (http://\S+) ")
+_READY = re.compile(r"vllite: serving .* on (https?://\S+) ")
 
 
 class RemoteServer:
