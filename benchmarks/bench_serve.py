@@ -33,9 +33,9 @@ from pathlib import Path
 
 import _common as common
 
-from vllite.plugins.openai_server.bench import bench_serve, demo_vocab_size
-from vllite.plugins.openai_server.bench_config import ServeBenchConfig
-from vllite.plugins.openai_server.bench_requests import RandomDataset
+from vllite.plugins.bench.serve import bench_serve, demo_vocab_size
+from vllite.plugins.bench.serve_config import ServeBenchConfig
+from vllite.plugins.bench.serve_requests import RandomDataset
 from vllite.plugins.openai_server.testing import RemoteServer
 
 

@@ -51,6 +51,61 @@ MOVED_MODULES: dict[str, str] = {
     **{f"vllite.vllm_compat.{name}": f"{_VLLM_COMPAT}.{name}" for name in _VLLM_COMPAT_MODULES},
 }
 
+_SERVER = "vllite.plugins.openai_server"
+#: builtins that moved between builtin packages: (old package, new package, "old:new old:new ...").
+_BUILTIN_MOVES = (
+    (
+        "vllite.policies",
+        "vllite.plugins.tool_parsers",
+        "tool_call_extraction:extraction tool_call_scanners:scanners "
+        "tool_parser_base:base tool_parser_families:families tool_parsers:parsers tool_parsers_deepseek:deepseek "
+        "tool_parsers_harmony:harmony tool_parsers_json:json_parsers tool_parsers_xml:xml_parsers",
+    ),
+    (
+        "vllite.policies",
+        "vllite.plugins.bench",
+        "agent_bench:agent_bench agent_http:agent_http "
+        "agent_report:agent_report agent_sessions:agent_sessions bench_plugin:plugin sim_executor:sim_executor "
+        "traces:traces",
+    ),
+    ("vllite.policies", "vllite.plugins.step_observers", "trace:sched_trace"),
+    (
+        _SERVER,
+        "vllite.plugins.bench",
+        "bench:serve bench_client:serve_client bench_config:serve_config "
+        "bench_metrics:serve_metrics bench_requests:serve_requests",
+    ),
+    (
+        _SERVER,
+        f"{_SERVER}.anthropic",
+        "anthropic_messages:messages anthropic_protocol:protocol anthropic_routes:routes anthropic_stream:stream",
+    ),
+    (
+        _SERVER,
+        f"{_SERVER}.responses_api",
+        "responses_api_input:input responses_api_protocol:protocol responses_api_stream:stream response_store:store",
+    ),
+    (_SERVER, f"{_SERVER}.realtime", "realtime_protocol:protocol realtime_sampling:sampling realtime_turns:turns"),
+    (
+        _SERVER,
+        f"{_SERVER}.pooling",
+        "pooling_prompts:prompts pooling_protocol:protocol pooling_routes:routes pooling_serving:serving",
+    ),
+    (
+        _SERVER,
+        f"{_SERVER}.ops",
+        "ops_routes:routes server_load:load server_info:info kv_events_route:kv_events sagemaker:sagemaker",
+    ),
+    (_SERVER, f"{_SERVER}.observability", "metrics:metrics metric_specs:metric_specs tracing:tracing"),
+)
+MOVED_MODULES.update(
+    {
+        f"{old_package}.{pair.split(':')[0]}": f"{new_package}.{pair.split(':')[1]}"
+        for old_package, new_package, pairs in _BUILTIN_MOVES
+        for pair in pairs.split()
+    }
+)
+
 #: kernel package -> {name it re-exported: the module that now holds it}.
 MOVED_ATTRIBUTES: dict[str, dict[str, str]] = {
     "vllite.kv_cache": dict.fromkeys(_SIZING_NAMES, f"{_EXECUTOR}.kv_cache_sizing"),
@@ -64,6 +119,12 @@ MOVED_ATTRIBUTES: dict[str, dict[str, str]] = {
     ),
     "vllite.engine.output_processor": dict.fromkeys(
         ("RequestOutputCollector", "merge_request_outputs"), "vllite.plugins.engine_proc.output_collector"
+    ),
+    # A module that became the package of its family: its names are read through the package.
+    f"{_SERVER}.realtime": dict.fromkeys(("realtime_router", "RealtimeConnection"), f"{_SERVER}.realtime.session"),
+    f"{_SERVER}.responses_api": dict.fromkeys(
+        ("add_responses_routes", "create_response", "cancel_response", "start_response"),
+        f"{_SERVER}.responses_api.routes",
     ),
 }
 

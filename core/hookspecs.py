@@ -121,7 +121,7 @@ def vllite_register_tool_parsers(register: Register) -> None:
     When: once, when a scheduler or server needs tool parsing.
     Receives: ``register(name, cls)``; ``cls()`` must have ``parse(text) -> str | None`` (the tool's name, for the
     Continuum scheduler). For ``vllite serve --tool-call-parser`` it also needs ``extract(text) ->
-    ExtractedToolCalls`` and ``stream() -> ToolCallStream`` (see ``vllite.policies.tool_call_extraction``: the
+    ExtractedToolCalls`` and ``stream() -> ToolCallStream`` (see ``vllite.plugins.tool_parsers.extraction``: the
     content outside the calls and each call's name and JSON arguments; a stream's ``feed`` and ``finish`` agree
     with ``extract`` however the text is split).
     Returns: nothing. Not firstresult. Hot path: no (a stream's ``feed`` runs once per streamed delta).

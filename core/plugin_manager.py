@@ -37,9 +37,9 @@ ENTRY_POINT_GROUP = "vllite"
 # Every builtin is a plugin registered through the same hooks as third parties, in this order.
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "vllite.policies.builtin",
-    "vllite.policies.trace",
+    "vllite.plugins.step_observers.sched_trace",
     "vllite.policies.continuum_plugin",
-    "vllite.policies.bench_plugin",
+    "vllite.plugins.bench.plugin",
     "vllite.builtin_logitsprocs.plugin",
     "vllite.plugins.transformers_executor.plugin",
     "vllite.plugins.kv_connectors.plugin",
@@ -49,6 +49,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "vllite.plugins.ray_dp.plugin",
     "vllite.plugins.openai_server.plugin",
     "vllite.plugins.reasoning.plugin",
+    "vllite.plugins.tool_parsers.plugin",
     "vllite.plugins.commands.plugin",
 )
 

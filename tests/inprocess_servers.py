@@ -44,7 +44,7 @@ class InProcessServers:
 
         loggers: list[Any] = []
         if metrics:  # one Prometheus logger (what `vllite serve` gives its first served name), on every app's /metrics
-            from vllite.plugins.openai_server.metrics import PrometheusStatLogger
+            from vllite.plugins.openai_server.observability.metrics import PrometheusStatLogger
 
             first = next(iter(settings.values())).served_model_names[0]
             loggers.append(lambda info: PrometheusStatLogger(first, info))

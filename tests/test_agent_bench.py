@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from vllite.policies.agent_bench import SimBackend, replay, turn_params
-from vllite.policies.agent_report import (
+from vllite.plugins.bench.agent_bench import SimBackend, replay, turn_params
+from vllite.plugins.bench.agent_report import (
     BenchSettings,
     make_sim_config,
     percentile,
@@ -17,7 +17,7 @@ from vllite.policies.agent_report import (
     speedups,
     write_report,
 )
-from vllite.policies.traces import (
+from vllite.plugins.bench.traces import (
     PRESETS,
     Job,
     Turn,
@@ -191,7 +191,7 @@ def test_real_engine_replay_of_a_tiny_trace(tmp_path):
 
 
 def test_agent_bench_re_exports_the_report_names():
-    from vllite.policies import agent_bench, agent_report
+    from vllite.plugins.bench import agent_bench, agent_report
 
     for name in agent_bench._REPORT_NAMES:
         assert getattr(agent_bench, name) is getattr(agent_report, name)

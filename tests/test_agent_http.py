@@ -14,10 +14,10 @@ from aiohttp import web
 
 from tests.fake_openai import serve_app
 from vllite.exceptions import BenchReplayError
-from vllite.policies.agent_bench import new_prompt_tokens, replay, turn_params
-from vllite.policies.agent_http import HttpBackend, parse_prometheus, request_body
-from vllite.policies.agent_report import BenchSettings, run_sweep, write_report
-from vllite.policies.traces import Job, Turn, write_trace
+from vllite.plugins.bench.agent_bench import new_prompt_tokens, replay, turn_params
+from vllite.plugins.bench.agent_http import HttpBackend, parse_prometheus, request_body
+from vllite.plugins.bench.agent_report import BenchSettings, run_sweep, write_report
+from vllite.plugins.bench.traces import Job, Turn, write_trace
 
 JOBS = [
     Job("j0", [Turn(12, 3, "grep", 0.3), Turn(5, 2, "pytest", 0.2), Turn(4, 4)]),

@@ -8,9 +8,9 @@ import json
 import pytest
 
 from vllite.exceptions import BenchReplayError
-from vllite.policies.agent_report import BenchSettings, run_sweep, speedups
-from vllite.policies.agent_sessions import SessionBook
-from vllite.policies.traces import Job, Turn, write_trace
+from vllite.plugins.bench.agent_report import BenchSettings, run_sweep, speedups
+from vllite.plugins.bench.agent_sessions import SessionBook
+from vllite.plugins.bench.traces import Job, Turn, write_trace
 from vllite.sampling_params import SamplingParams
 
 # Three programs; the KV cache (24 blocks of 8 = 192 tokens) cannot hold all of them at once with their histories.

@@ -134,8 +134,8 @@ def test_the_stream_is_anthropics_event_sequence(clients, tokenizer):
 
 @pytest.mark.parametrize("name", ["qwen3", "deepseek_r1", "mistral", "llama3_json", "gpt_oss"])
 def test_a_two_turn_tool_loop(servers, clients, tokenizer, name):
-    from vllite.plugins.openai_server.anthropic_messages import chat_request
-    from vllite.plugins.openai_server.anthropic_protocol import CountTokensRequest
+    from vllite.plugins.openai_server.anthropic.messages import chat_request
+    from vllite.plugins.openai_server.anthropic.protocol import CountTokensRequest
     from vllite.plugins.openai_server.chat_template import render_messages
 
     family = FAMILIES[name]
@@ -228,8 +228,8 @@ def test_count_tokens_is_the_rendered_prompt(servers, clients, tokenizer):
 
 
 def test_the_conversation_becomes_the_chat_templates_messages():
-    from vllite.plugins.openai_server.anthropic_messages import chat_request
-    from vllite.plugins.openai_server.anthropic_protocol import MessagesRequest
+    from vllite.plugins.openai_server.anthropic.messages import chat_request
+    from vllite.plugins.openai_server.anthropic.protocol import MessagesRequest
 
     body = MessagesRequest.model_validate(
         {

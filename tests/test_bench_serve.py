@@ -17,11 +17,11 @@ import pytest
 from aiohttp import web
 
 from tests.fake_openai import serve_app, sse_write
-from vllite.plugins.openai_server.bench import bench_serve, request_body
-from vllite.plugins.openai_server.bench_client import RequestResult, SSEDecoder
-from vllite.plugins.openai_server.bench_config import ServeBenchConfig
-from vllite.plugins.openai_server.bench_metrics import format_table, percentile, summarize
-from vllite.plugins.openai_server.bench_requests import BenchRequest, JsonlDataset, RandomDataset, arrival_times
+from vllite.plugins.bench.serve import bench_serve, request_body
+from vllite.plugins.bench.serve_client import RequestResult, SSEDecoder
+from vllite.plugins.bench.serve_config import ServeBenchConfig
+from vllite.plugins.bench.serve_metrics import format_table, percentile, summarize
+from vllite.plugins.bench.serve_requests import BenchRequest, JsonlDataset, RandomDataset, arrival_times
 
 # The scripted stream: an empty (role) chunk at once, the first token chunk after FIRST_DELAY, then one chunk of
 # TOKENS_PER_CHUNK tokens every GAP seconds until max_tokens, a usage chunk, [DONE].
@@ -289,7 +289,7 @@ def test_request_rate_spaces_the_sends():
 
 
 def test_warm_up_failure_and_bad_flags_stop_the_run():
-    from vllite.plugins.openai_server.bench import ServeBenchError
+    from vllite.plugins.bench.serve import ServeBenchError
 
     app, _ = scripted_app(fail=frozenset({1}))
     with serve_app(app) as url, pytest.raises(ServeBenchError, match=r"warm-up request .* failed: HTTP 500"):
@@ -319,8 +319,8 @@ def test_cli_saves_the_result(tmp_path, capsys):
 def test_bench_command_does_not_load_the_client_at_start_up():
     code = (
         "import sys; from vllite.cli import build_parser; build_parser(); "
-        "assert 'vllite.plugins.openai_server.bench' not in sys.modules; "
-        "assert 'vllite.plugins.openai_server.bench_client' not in sys.modules"
+        "assert 'vllite.plugins.bench.serve' not in sys.modules; "
+        "assert 'vllite.plugins.bench.serve_client' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
@@ -329,10 +329,10 @@ def test_bench_command_does_not_load_the_client_at_start_up():
 def test_bench_serve_and_agent_replay_against_vllite_serve():
     """The real server (demo model, continuum): a small load test and a tiny agent replay, every request served
     with exactly max_tokens tokens."""
+    from vllite.plugins.bench.agent_bench import replay
+    from vllite.plugins.bench.agent_http import HttpBackend
+    from vllite.plugins.bench.traces import Job, Turn
     from vllite.plugins.openai_server.testing import RemoteServer
-    from vllite.policies.agent_bench import replay
-    from vllite.policies.agent_http import HttpBackend
-    from vllite.policies.traces import Job, Turn
 
     args = ["--max-model-len", "256", "--scheduler-cls", "continuum", "--seed", "0"]
     with RemoteServer(args) as server:

@@ -24,10 +24,10 @@ HEAVY_MODULES = (
     "torch",
     "transformers",
     "matplotlib",
-    "vllite.policies.agent_bench",
-    "vllite.policies.agent_report",
-    "vllite.policies.traces",
-    "vllite.policies.sim_executor",
+    "vllite.plugins.bench.agent_bench",
+    "vllite.plugins.bench.agent_report",
+    "vllite.plugins.bench.traces",
+    "vllite.plugins.bench.sim_executor",
 )
 
 
@@ -37,7 +37,7 @@ def test_start_up_imports_neither_torch_nor_the_agent_bench():
         "import sys\n"
         "from vllite.cli import build_parser\n"
         "build_parser().format_help()\n"
-        "from vllite.policies.bench_plugin import vllite_register_executors\n"
+        "from vllite.plugins.bench.plugin import vllite_register_executors\n"
         "vllite_register_executors(register=lambda name, obj: None)\n"
         f"print([m for m in {HEAVY_MODULES!r} if m in sys.modules])\n"
     )

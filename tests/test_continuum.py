@@ -531,7 +531,7 @@ def test_registered_and_selected_by_name(monkeypatch):
     monkeypatch.setattr(
         plugin_manager,
         "BUILTIN_PLUGINS",
-        ("vllite.policies.builtin", "vllite.policies.continuum_plugin"),
+        ("vllite.policies.builtin", "vllite.policies.continuum_plugin", "vllite.plugins.tool_parsers.plugin"),
     )
     monkeypatch.setattr(plugin_manager, "_manager", plugin_manager.PluginManager(load_entry_points=False))
     config = make_config(scheduler_cls="continuum")

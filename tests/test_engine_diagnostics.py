@@ -83,7 +83,7 @@ def test_executor_counts_nan_logits_per_request(nan_model, monkeypatch, env):
 
 def test_corrupted_requests_counted_once_per_finished_request_under_the_default_prefix(monkeypatch):
     from vllite.engine.stats import IterationStats, RequestStateStats
-    from vllite.plugins.openai_server.metrics import PrometheusStatLogger
+    from vllite.plugins.openai_server.observability.metrics import PrometheusStatLogger
     from vllite.protocol import EngineInfo
 
     info = EngineInfo(max_model_len=64, num_gpu_blocks=8, block_size=16, max_num_batched_tokens=64, vocab_size=512)

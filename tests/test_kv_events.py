@@ -149,7 +149,7 @@ def test_kv_event_sources_route():
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
-    from vllite.plugins.openai_server.kv_events_route import kv_event_sources, kv_events_router
+    from vllite.plugins.openai_server.ops.kv_events import kv_event_sources, kv_events_router
 
     config = KVEventsConfig(True, "zmq", "tcp://*:5557", "tcp://*:5600", topic="kv")
     parallel = SimpleNamespace(data_parallel_size=2)

@@ -211,7 +211,7 @@ def test_stats_group_n_children_and_split_prompt_sources():
 
 
 def test_logger_prefix_sleep_state_and_waiting_reasons():
-    from vllite.plugins.openai_server.metrics import PrometheusStatLogger
+    from vllite.plugins.openai_server.observability.metrics import PrometheusStatLogger
     from vllite.protocol import EngineInfo, SchedulerStats
 
     info = EngineInfo(max_model_len=128, num_gpu_blocks=64, block_size=16, max_num_batched_tokens=256, vocab_size=512)

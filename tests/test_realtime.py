@@ -55,7 +55,7 @@ def servers():
 
 def _include_realtime(harness: Any) -> None:
     """Adds ``/v1/realtime`` to each app unless ``build_app`` already serves it."""
-    from vllite.plugins.openai_server.realtime import realtime_router
+    from vllite.plugins.openai_server.realtime.session import realtime_router
 
     for server, ctx in zip(harness.servers, harness.contexts.values()):
         app = server.config.app

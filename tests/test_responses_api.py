@@ -174,8 +174,8 @@ def test_the_stream_helper_accumulates_the_response(clients, tokenizer, name):
 
 def test_a_text_input_and_instructions_reach_the_template(servers, clients, tokenizer):
     from vllite.plugins.openai_server.chat_template import render_messages
-    from vllite.plugins.openai_server.responses_api_input import to_messages
-    from vllite.plugins.openai_server.responses_api_protocol import MessageItem
+    from vllite.plugins.openai_server.responses_api.input import to_messages
+    from vllite.plugins.openai_server.responses_api.protocol import MessageItem
 
     family, turn = FAMILIES["qwen3"], FAMILIES["qwen3"].second
     kwargs = request(family, tokenizer, turn, "Weather in Paris?", instructions="Be brief.")
@@ -218,8 +218,8 @@ def test_json_schema_text_format_applies_after_the_reasoning(clients, tokenizer,
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_a_two_turn_tool_loop_sending_the_items_back(servers, clients, tokenizer, name):
     from vllite.plugins.openai_server.chat_template import render_messages
-    from vllite.plugins.openai_server.responses_api_input import to_messages
-    from vllite.plugins.openai_server.responses_api_protocol import ResponsesRequest
+    from vllite.plugins.openai_server.responses_api.input import to_messages
+    from vllite.plugins.openai_server.responses_api.protocol import ResponsesRequest
 
     family, client = FAMILIES[name], clients[name]
     first = client.responses.create(**request(family, tokenizer, family.first, [USER]))
@@ -388,8 +388,8 @@ def test_a_client_that_goes_away_aborts_its_request(servers, clients, stream):
 
 def test_continuum_fields_reach_extra_args(clients, tokenizer):
     from vllite.plugins.openai_server.protocol import ChatMessage
-    from vllite.plugins.openai_server.responses_api_input import to_chat_request
-    from vllite.plugins.openai_server.responses_api_protocol import ResponsesRequest
+    from vllite.plugins.openai_server.responses_api.input import to_chat_request
+    from vllite.plugins.openai_server.responses_api.protocol import ResponsesRequest
     from vllite.plugins.openai_server.sampling import build_sampling_params
 
     body = ResponsesRequest(input="x", job_id=7, is_last_step=False, this_func_call="ls", vllm_xargs={"k": 1})
@@ -403,8 +403,8 @@ def test_continuum_fields_reach_extra_args(clients, tokenizer):
 
 
 def test_the_store_keeps_the_most_recently_used():
-    from vllite.plugins.openai_server.response_store import ResponseNotFoundError, ResponseStore, StoredResponse
-    from vllite.plugins.openai_server.responses_api_protocol import ResponseObject
+    from vllite.plugins.openai_server.responses_api.protocol import ResponseObject
+    from vllite.plugins.openai_server.responses_api.store import ResponseNotFoundError, ResponseStore, StoredResponse
 
     store = ResponseStore(capacity=2)
     for name in ("a", "b"):

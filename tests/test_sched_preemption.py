@@ -20,7 +20,9 @@ from vllite.testing import ScriptedModelRunner, make_config, make_request
 @pytest.fixture
 def plugins(monkeypatch):
     """A plugin manager with only the scheduler builtins (hermetic: no entry points, no other builtins)."""
-    monkeypatch.setattr(plugin_manager, "BUILTIN_PLUGINS", ("vllite.policies.builtin", "vllite.policies.trace"))
+    monkeypatch.setattr(
+        plugin_manager, "BUILTIN_PLUGINS", ("vllite.policies.builtin", "vllite.plugins.step_observers.sched_trace")
+    )
     manager = plugin_manager.PluginManager(load_entry_points=False)
     monkeypatch.setattr(plugin_manager, "_manager", manager)
     return manager

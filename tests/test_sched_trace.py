@@ -8,7 +8,7 @@ import json
 import pytest
 
 from vllite import plugin_manager
-from vllite.policies import trace
+from vllite.plugins.step_observers import sched_trace as trace
 from vllite.policies.priority_queue import PriorityRequestQueue, create_request_queue
 from vllite.sched import FCFSRequestQueue, create_scheduler
 from vllite.testing import ScriptedModelRunner, make_config, make_request
@@ -16,7 +16,9 @@ from vllite.testing import ScriptedModelRunner, make_config, make_request
 
 @pytest.fixture
 def fresh_plugins(monkeypatch):
-    monkeypatch.setattr(plugin_manager, "BUILTIN_PLUGINS", ("vllite.policies.builtin", "vllite.policies.trace"))
+    monkeypatch.setattr(
+        plugin_manager, "BUILTIN_PLUGINS", ("vllite.policies.builtin", "vllite.plugins.step_observers.sched_trace")
+    )
 
     def make():
         manager = plugin_manager.PluginManager(load_entry_points=False)

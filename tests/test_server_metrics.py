@@ -1,5 +1,5 @@
-"""The server's Prometheus metrics (``vllite.plugins.openai_server.metrics``): what ``record`` does with given stats,
-and the exposition after real requests through an ``AsyncLLM`` on a tiny model."""
+"""The server's Prometheus metrics (``vllite.plugins.openai_server.observability.metrics``): what ``record`` does with
+given stats, and the exposition after real requests through an ``AsyncLLM`` on a tiny model."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.test_engine_proc import ensure_engine_proc_plugin
 from vllite.engine.stats import FinishedRequestStats, IterationStats
-from vllite.plugins.openai_server.metrics import PrometheusStatLogger, buckets_1_2_5
+from vllite.plugins.openai_server.observability.metrics import PrometheusStatLogger, buckets_1_2_5
 from vllite.protocol import EngineInfo, SchedulerStats
 from vllite.sampling_params import RequestOutputKind, SamplingParams
 from vllite.testing import make_tiny_model_dir_cached

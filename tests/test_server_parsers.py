@@ -245,7 +245,7 @@ def test_the_serve_command_stops_with_one_line_naming_the_known_parsers():
 
 PLUGIN = """
 from vllite import hookimpl
-from vllite.policies.tool_parsers import HermesParser
+from vllite.plugins.tool_parsers.parsers import HermesParser
 
 
 class ShoutingParser(HermesParser):

@@ -356,7 +356,7 @@ def test_generating_routes_on_a_pooling_model_answer_400(embed_server):
 def test_inputs_are_submitted_concurrently_and_a_failure_aborts_the_rest():
     """``encode_all`` runs every input's ``encode`` at once; when one fails, the others are cancelled (aborted)."""
     from vllite.outputs import PoolingOutput, PoolingRequestOutput
-    from vllite.plugins.openai_server.pooling_serving import encode_all
+    from vllite.plugins.openai_server.pooling.serving import encode_all
     from vllite.pooling_params import PoolingParams
 
     class Engine:

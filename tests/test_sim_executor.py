@@ -8,7 +8,7 @@ import pytest
 
 from vllite.config import CacheConfig, EngineConfig, SchedulerConfig
 from vllite.engine.core import EngineCore
-from vllite.policies.sim_executor import (
+from vllite.plugins.bench.sim_executor import (
     LLAMA_8B_KV_BYTES_PER_TOKEN,
     CostModel,
     SimClock,

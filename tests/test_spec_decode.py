@@ -264,7 +264,7 @@ def test_stats_count_drafts_and_positions():
 
 def test_prometheus_metrics_use_vllms_names():
     pytest.importorskip("prometheus_client")
-    from vllite.plugins.openai_server.metrics import PrometheusStatLogger
+    from vllite.plugins.openai_server.observability.metrics import PrometheusStatLogger
     from vllite.protocol import EngineInfo
 
     info = EngineInfo(max_model_len=128, num_gpu_blocks=8, block_size=16, max_num_batched_tokens=128, vocab_size=64)

@@ -93,7 +93,7 @@ def test_greedy_equals_hf_in_the_engine_process(case, k):
     from vllite.sampling_params import RequestOutputKind
 
     model_dir, prompts, expected = case
-    prometheus = pytest.importorskip("vllite.plugins.openai_server.metrics")
+    prometheus = pytest.importorskip("vllite.plugins.openai_server.observability.metrics")
     logger = SpecDecodingStatLogger()
     llm = AsyncLLM(
         model_dir,

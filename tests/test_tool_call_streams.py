@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllite.policies.tool_call_scanners import DEAD, MAX_JSON_DEPTH, JSONPrefix, PythonicHead
-from vllite.policies.tool_parsers import PARSERS, ExtractedToolCalls, ToolCall
+from vllite.plugins.tool_parsers.parsers import PARSERS, ExtractedToolCalls, ToolCall
+from vllite.plugins.tool_parsers.scanners import DEAD, MAX_JSON_DEPTH, JSONPrefix, PythonicHead
 
 FRAGMENTS = [
     # prose and whitespace

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from vllite.policies.tool_parsers import (
+from vllite.plugins.tool_parsers.parsers import (
     MAX_TEXT_CHARS,
     MULTI_TOOL,
     PARSERS,

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vllite.plugin_manager import resolve_component
-from vllite.policies.tool_call_extraction import ExtractedToolCalls
+from vllite.plugins.tool_parsers.extraction import ExtractedToolCalls
 
 PARIS = ("get_weather", {"city": "Paris"})
 OSLO = ("get_weather", {"city": "Oslo"})

@@ -1,5 +1,5 @@
-"""OpenTelemetry tracing (``vllite.plugins.openai_server.tracing``): one span per finished request with vLLM's
-attributes, built from the finished-request stats; a client's ``traceparent`` header becomes the span's parent.
+"""OpenTelemetry tracing (``vllite.plugins.openai_server.observability.tracing``): one span per finished request with
+vLLM's attributes, built from the finished-request stats; a client's ``traceparent`` header becomes the span's parent.
 End to end: ``vllite serve --otlp-traces-endpoint`` exporting to a tiny OTLP/HTTP receiver in the test."""
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from vllite.engine.stats import IterationStats, RequestStateStats, current_trace_headers
+from vllite.plugins.openai_server.observability.tracing import RequestTracer, TraceContextMiddleware
 from vllite.plugins.openai_server.testing import RemoteServer
-from vllite.plugins.openai_server.tracing import RequestTracer, TraceContextMiddleware
 from vllite.protocol import EngineCoreRequest
 from vllite.sampling_params import SamplingParams
 from vllite.testing import make_tiny_model_dir_cached

@@ -20,8 +20,8 @@ from vllite import deprecated_aliases
 from vllite.protocol import EngineCoreEvent, EngineCoreEventType, EngineCoreRequest, SpecDecodingStats
 
 #: The W3C trace headers (``traceparent``, ``tracestate``) of the HTTP request being served, set by the server's
-#: trace-context middleware (``vllite.plugins.openai_server.tracing``): a request added while it is set, without
-#: trace headers of its own, is traced as a child of the caller's span.
+#: trace-context middleware (``vllite.plugins.openai_server.observability.tracing``): a request added while it is set,
+#: without trace headers of its own, is traced as a child of the caller's span.
 current_trace_headers: ContextVar[dict[str, str] | None] = ContextVar("vllite_trace_headers", default=None)
 
 

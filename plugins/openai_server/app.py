@@ -7,10 +7,7 @@ A request whose client disconnects is cancelled at once, streaming or not, which
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import secrets
-from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -20,8 +17,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vllite.exceptions import BadRequestError, VlliteError
 from vllite.plugins.openai_server.context import ServerContext
-from vllite.plugins.openai_server.errors import UnauthorizedError, classify, error_response
-from vllite.plugins.openai_server.event_stream import EventStream, EventStreamResponse
+from vllite.plugins.openai_server.errors import classify, error_response
+from vllite.plugins.openai_server.http_common import (
+    api_key_check,
+    cancel_on_disconnect,
+    check_alive,
+    data_parallel_rank_header,
+    describe_validation_error,
+    health_response,
+    json_response,
+    respond,
+)
 from vllite.plugins.openai_server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -30,22 +36,18 @@ from vllite.plugins.openai_server.protocol import (
     TokenizeRequest,
     UnloadLoRAAdapterRequest,
 )
-from vllite.plugins.openai_server.responses import ModelCard, ModelList, encode
+from vllite.plugins.openai_server.responses import ModelCard, ModelList
 from vllite.version import __version__
 
 JSON = "application/json"
 logger = logging.getLogger("vllite.server")
 
 
-def json_response(body: Any, status: int = 200) -> Response:
-    return Response(content=encode(body), status_code=status, media_type=JSON)
-
-
 def build_app(ctx: ServerContext) -> FastAPI:
     """The application serving ``ctx.engine``."""
     from fastapi.middleware.cors import CORSMiddleware
 
-    from vllite.plugins.openai_server.server_load import ServerLoad, ServerLoadMiddleware, load_router
+    from vllite.plugins.openai_server.ops.load import ServerLoad, ServerLoadMiddleware, load_router
 
     settings = ctx.settings
     app = FastAPI(
@@ -59,26 +61,26 @@ def build_app(ctx: ServerContext) -> FastAPI:
     app.state.ctx = ctx
     _add_error_handlers(app)
     app.include_router(_v1_router(ctx))
-    from vllite.plugins.openai_server.anthropic_routes import anthropic_router
+    from vllite.plugins.openai_server.anthropic.routes import anthropic_router
 
     app.include_router(anthropic_router(ctx))  # /v1/messages: Anthropic's key headers and error shape
-    from vllite.plugins.openai_server.realtime import realtime_router
+    from vllite.plugins.openai_server.realtime.session import realtime_router
 
     app.include_router(realtime_router(ctx))  # /v1/realtime (WebSocket): one session per connection
     app.include_router(_plain_router(ctx))
-    from vllite.plugins.openai_server.pooling_routes import pooling_router
+    from vllite.plugins.openai_server.pooling.routes import pooling_router
 
     app.include_router(pooling_router(ctx))  # /pooling, /classify, /score, /rerank, /v2/rerank
-    from vllite.plugins.openai_server.sagemaker import sagemaker_router
+    from vllite.plugins.openai_server.ops.sagemaker import sagemaker_router
 
     app.include_router(sagemaker_router(ctx, [api_key_check(ctx)]))  # /ping, /invocations
     app.state.server_load = load = ServerLoad(settings.enable_server_load_tracking)
     app.include_router(load_router(load))  # /load
-    from vllite.plugins.openai_server.kv_events_route import kv_events_router
+    from vllite.plugins.openai_server.ops.kv_events import kv_events_router
 
     app.include_router(kv_events_router(ctx), dependencies=[Depends(api_key_check(ctx))])  # /kv_event_sources
     if settings.dev_mode:
-        from vllite.plugins.openai_server.ops_routes import ops_router
+        from vllite.plugins.openai_server.ops.routes import ops_router
 
         logger.warning("Development routes are on (/sleep, /pause, /collective_rpc, ...): not for production use.")
         app.include_router(ops_router(ctx, [api_key_check(ctx)]))
@@ -91,21 +93,6 @@ def build_app(ctx: ServerContext) -> FastAPI:
         allow_credentials=settings.allow_credentials,
     )
     return app
-
-
-def api_key_check(ctx: ServerContext) -> Callable[[Request], Awaitable[None]]:
-    """The dependency that requires ``Authorization: Bearer <--api-key>`` (nothing without ``--api-key``)."""
-
-    async def check_api_key(request: Request) -> None:
-        key = ctx.settings.api_key
-        if key is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), key.encode()):
-            raise UnauthorizedError("Invalid or missing API key: send 'Authorization: Bearer <key>'.")
-
-    return check_api_key
 
 
 def _add_error_handlers(app: FastAPI) -> None:
@@ -134,94 +121,6 @@ def _add_error_handlers(app: FastAPI) -> None:
         return json_response(body, status)
 
 
-def describe_validation_error(exc: RequestValidationError, content_type: str | None = None) -> tuple[str, str | None]:
-    """One message naming every bad field, and the first field's name (OpenAI's ``param``); a body that is not
-    JSON (malformed, or sent without ``Content-Type: application/json``) is one message saying so."""
-    body_error = _body_error(exc.errors(), content_type)
-    if body_error is not None:
-        return body_error, None
-    parts, params = [], []
-    for error in exc.errors():
-        loc = [str(p) for p in error.get("loc", ())]
-        if loc and loc[0] in _PARAM_SOURCES:  # where the parameter came from: the name alone is OpenAI's param
-            loc = loc[1:]
-        field = ".".join(loc)
-        kind = error.get("type", "")
-        if kind == "extra_forbidden":
-            parts.append(f"Unknown field {field!r}: not an OpenAI or supported vLLM parameter.")
-        elif kind == "missing":
-            parts.append(f"Missing required field {field!r}.")
-        else:
-            shown = repr(error.get("input"))[:80]
-            parts.append(f"{field or 'body'}: {error.get('msg', 'invalid value')} (got {shown}).")
-        if field:
-            params.append(loc[0])
-    # A union type reports every branch it tried: keep the messages short and distinct.
-    unique = list(dict.fromkeys(parts))
-    message = " ".join(unique[:4]) + (f" (and {len(unique) - 4} more)" if len(unique) > 4 else "")
-    return message, params[0] if params else None
-
-
-_PARAM_SOURCES = ("body", "query", "path", "header", "cookie")
-
-
-def _body_error(errors: Sequence[Any], content_type: str | None) -> str | None:
-    """The message for a body that could not be read as JSON at all, else None."""
-    for error in errors:
-        if error.get("type") == "json_invalid":  # loc: ("body", character offset)
-            loc = error.get("loc", ())
-            where = f" at character {loc[1]}" if len(loc) > 1 else ""
-            reason = (error.get("ctx") or {}).get("error") or error.get("msg", "JSON decode error")
-            return f"The request body is not valid JSON: {reason}{where}."
-    media_type = (content_type or "").split(";")[0].strip().lower()
-    is_json = media_type == "application/json" or media_type.endswith("+json")
-    if not is_json and any(tuple(error.get("loc", ())) == ("body",) for error in errors):
-        # FastAPI reads the body as JSON only under a JSON content type; otherwise it is bytes, "not an object".
-        return (
-            "The request body must be JSON sent with 'Content-Type: application/json' "
-            f"(got Content-Type: {content_type or 'none'})."
-        )
-    return None
-
-
-async def cancel_on_disconnect(request: Request, work: Awaitable[Any]) -> Any:
-    """Runs ``work``; cancels it (aborting its engine requests) if the client disconnects first."""
-    task = asyncio.ensure_future(work)
-
-    async def disconnected() -> None:
-        while True:
-            message = await request.receive()
-            if message["type"] == "http.disconnect":
-                return
-
-    watcher = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-            # Let the cancellation run to its end (the work's cleanup aborts its engine requests) before the task
-            # is read; asyncio.wait neither raises the work's error nor hides a cancellation of this coroutine.
-            await asyncio.wait({task})
-    left = watcher.done() and not watcher.cancelled() and watcher.exception() is None
-    if task.cancelled():
-        return Response(status_code=499)  # nobody is listening; nginx's "client closed request"
-    if left and task.exception() is None and isinstance(task.result(), EventStream):
-        await task.result().close()  # the client left between submitting and streaming
-    if left:
-        return Response(status_code=499)  # whatever the work ended with, nobody reads it
-    return task.result()
-
-
-def _respond(result: Any) -> Response:
-    if isinstance(result, Response):
-        return result
-    if isinstance(result, EventStream):
-        return EventStreamResponse(result)
-    return json_response(result)
-
-
 def _v1_router(ctx: ServerContext) -> APIRouter:
     router = APIRouter(prefix="/v1", dependencies=[Depends(api_key_check(ctx))])
 
@@ -241,23 +140,23 @@ def _v1_router(ctx: ServerContext) -> APIRouter:
     async def completions(body: CompletionRequest, request: Request) -> Response:
         from vllite.plugins.openai_server.completions import create_completion
 
-        _check_alive(ctx)
+        check_alive(ctx)
         rank = data_parallel_rank_header(request)
-        return _respond(await cancel_on_disconnect(request, create_completion(ctx, body, data_parallel_rank=rank)))
+        return respond(await cancel_on_disconnect(request, create_completion(ctx, body, data_parallel_rank=rank)))
 
     @router.post("/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         from vllite.plugins.openai_server.chat import create_chat_completion
 
-        _check_alive(ctx)
+        check_alive(ctx)
         rank = data_parallel_rank_header(request)
         chat = create_chat_completion(ctx, body, data_parallel_rank=rank)
-        return _respond(await cancel_on_disconnect(request, chat))
+        return respond(await cancel_on_disconnect(request, chat))
 
-    from vllite.plugins.openai_server.responses_api import add_responses_routes
+    from vllite.plugins.openai_server.responses_api.routes import add_responses_routes
 
     add_responses_routes(router, ctx)  # /v1/responses: create, retrieve, delete, cancel
-    from vllite.plugins.openai_server.pooling_routes import add_v1_pooling_routes
+    from vllite.plugins.openai_server.pooling.routes import add_v1_pooling_routes
 
     add_v1_pooling_routes(router, ctx)  # /v1/embeddings, /v1/score, /v1/rerank
     if ctx.loras.runtime_updating:
@@ -270,7 +169,7 @@ def _add_lora_routes(router: APIRouter, ctx: ServerContext) -> None:
 
     @router.post("/load_lora_adapter")
     async def load_lora_adapter(body: LoadLoRAAdapterRequest) -> Response:
-        _check_alive(ctx)
+        check_alive(ctx)
         await ctx.loras.load(body.lora_name, body.lora_path)
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
@@ -278,32 +177,12 @@ def _add_lora_routes(router: APIRouter, ctx: ServerContext) -> None:
     async def unload_lora_adapter(body: UnloadLoRAAdapterRequest) -> Response:
         from vllite.exceptions import LoRANotFoundError
 
-        _check_alive(ctx)
+        check_alive(ctx)
         try:
             await ctx.loras.unload(body.lora_name)
         except LoRANotFoundError as exc:
             return json_response(error_response(404, str(exc), "lora_name"), 404)
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
-
-
-#: vLLM's header naming the data-parallel engine a request must go to.
-DP_RANK_HEADER = "X-data-parallel-rank"
-
-
-def data_parallel_rank_header(request: Request) -> int | None:
-    """The engine rank the ``X-data-parallel-rank`` header names (None without the header)."""
-    value = request.headers.get(DP_RANK_HEADER)
-    if value is None:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise BadRequestError(f"{DP_RANK_HEADER} must be an integer, got {value!r}.", param=DP_RANK_HEADER) from None
-
-
-def _check_alive(ctx: ServerContext) -> None:
-    if ctx.engine.errored:
-        raise ctx.engine.dead_error
 
 
 def _plain_router(ctx: ServerContext) -> APIRouter:
@@ -345,13 +224,6 @@ def _plain_router(ctx: ServerContext) -> APIRouter:
         return json_response({"prompt": ctx.tokenizer.decode(body.tokens)})
 
     return router
-
-
-def health_response(ctx: ServerContext) -> Response:
-    """``/health`` (and ``/ping``): an empty 200 while the engine runs, else a 503."""
-    if ctx.engine.errored or not ctx.engine.is_running:
-        return json_response(error_response(503, "The engine is dead or shut down."), 503)
-    return Response(status_code=200)
 
 
 def _need_tokenizer(ctx: ServerContext) -> None:

@@ -332,14 +332,14 @@ def _start_engine(
     loggers: list[Any] = []
     endpoint = getattr(args, "otlp_traces_endpoint", None)
     if endpoint:
-        from vllite.plugins.openai_server.tracing import RequestTracer, make_tracer_provider
+        from vllite.plugins.openai_server.observability.tracing import RequestTracer, make_tracer_provider
 
         loggers.append(RequestTracer(make_tracer_provider(endpoint), model_name=name))
     if engine_args.disable_log_stats and not loggers:
         return make(), None
     metrics_index = None
     if not engine_args.disable_log_stats:
-        from vllite.plugins.openai_server.metrics import PrometheusStatLogger
+        from vllite.plugins.openai_server.observability.metrics import PrometheusStatLogger
 
         prefix, cache_config = getattr(args, "metrics_prefix", "vllite"), _cache_config_info(engine_args)
         metrics_index = len(loggers)
@@ -381,7 +381,7 @@ async def _serve(ctx: ServerContext, sock: socket.socket, args: argparse.Namespa
     if role is not None:
         app = role.wrap(app)
     if getattr(args, "otlp_traces_endpoint", None):
-        from vllite.plugins.openai_server.tracing import TraceContextMiddleware
+        from vllite.plugins.openai_server.observability.tracing import TraceContextMiddleware
 
         app = TraceContextMiddleware(app)  # the client's traceparent becomes the parent of the request's span
     _log_to_stderr(args.uvicorn_log_level)

@@ -125,7 +125,7 @@ class DisaggProxy:
     async def relay(self, request: Request, path: str, chat: bool) -> Response:
         """Serves a completions request (``chat`` for ``/v1/chat/completions``) through both groups; a client
         that disconnects cancels it."""
-        from vllite.plugins.openai_server.app import cancel_on_disconnect
+        from vllite.plugins.openai_server.http_common import cancel_on_disconnect
 
         raw = await request.body()
         try:

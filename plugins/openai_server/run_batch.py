@@ -169,9 +169,10 @@ async def run_line(ctx: Any, number: int, line: str) -> dict[str, Any]:
 
 async def _answer(ctx: Any, request: BatchRequestInput) -> Any:
     """The route's answer to ``request.body``, as JSON values."""
-    from vllite.plugins.openai_server import pooling_protocol, pooling_serving
     from vllite.plugins.openai_server.chat import create_chat_completion
     from vllite.plugins.openai_server.completions import create_completion
+    from vllite.plugins.openai_server.pooling import protocol as pooling_protocol
+    from vllite.plugins.openai_server.pooling import serving as pooling_serving
     from vllite.plugins.openai_server.protocol import ChatCompletionRequest, CompletionRequest
     from vllite.plugins.openai_server.responses import encode
 
@@ -226,7 +227,7 @@ def _validate(model: type[Any], value: Any, prefix: str = "body.") -> Any:
     """``value`` as ``model``; a ``BatchLineError`` naming the bad fields (``body.temperature``, ``url``)."""
     from fastapi.exceptions import RequestValidationError
 
-    from vllite.plugins.openai_server.app import describe_validation_error
+    from vllite.plugins.openai_server.http_common import describe_validation_error
 
     try:
         return model.model_validate(value)

@@ -127,7 +127,7 @@ def _param_of(message: str, data_parallel_rank: int | None = None) -> str | None
     else ``prompt`` or ``logprobs`` from the message."""
     lowered = message.lower()
     if "data_parallel_rank" in lowered:
-        from vllite.plugins.openai_server.app import DP_RANK_HEADER
+        from vllite.plugins.openai_server.http_common import DP_RANK_HEADER
 
         return DP_RANK_HEADER if data_parallel_rank is not None else "vllm_xargs"
     named = field_named_in(message) if "SamplingParams." in message else None

@@ -138,7 +138,7 @@ class RequiredToolMode(ParsedToolMode):
 def required_calls(text: str, start: int = 0) -> tuple[list[Any], int, bool]:
     """The calls of the complete items of the JSON list of calls in ``text``, read from ``start`` (0, or a position
     an earlier call returned); also where reading stopped and whether the list has ended (or cannot go on)."""
-    from vllite.policies.tool_call_extraction import json_calls
+    from vllite.plugins.tool_parsers.extraction import json_calls
 
     decoder = json.JSONDecoder()
     calls: list[Any] = []

@@ -3,7 +3,7 @@ vLLM parser returns, served by the vLLM compatibility layer at vLLM's module pat
 
 A ``--tool-parser-plugin`` file written for vLLM subclasses :class:`ToolParser` and decorates it with
 ``@ToolParserManager.register_module(["name"])``. The decorator records an *adapter* class (:func:`adapter_for`):
-a vllite tool parser (``extract`` / ``stream`` / ``parse``, see :class:`~vllite.policies.tool_parser_base.
+a vllite tool parser (``extract`` / ``stream`` / ``parse``, see :class:`~vllite.plugins.tool_parsers.base.
 ToolParserBase`) that builds the vLLM parser and calls it. ``load_parser_plugin`` then registers the file's adapters
 (:func:`registrations`) under those names, so ``--tool-call-parser name`` selects them.
 
@@ -37,14 +37,14 @@ from pydantic import BaseModel, Field
 
 from vllite.hookspecs import hookimpl
 from vllite.plugins.openai_server.protocol import ChatCompletionRequest
-from vllite.policies.tool_call_extraction import (
+from vllite.plugins.tool_parsers.base import ToolParserBase
+from vllite.plugins.tool_parsers.extraction import (
     ExtractedToolCalls,
     ToolCallStream,
     arguments_json,
     extracted,
 )
-from vllite.policies.tool_call_extraction import ToolCall as VlliteToolCall
-from vllite.policies.tool_parser_base import ToolParserBase
+from vllite.plugins.tool_parsers.extraction import ToolCall as VlliteToolCall
 
 logger = logging.getLogger(__name__)
 
