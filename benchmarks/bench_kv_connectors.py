@@ -25,8 +25,8 @@ from typing import Any
 
 import _common as common
 
-from vllite.config import EngineArgs
 from vllite.engine.llm_engine import LLMEngine
+from vllite.engine_args import EngineArgs
 from vllite.plugin_manager import get_registry
 from vllite.sampling_params import SamplingParams
 from vllite.testing.models import make_model

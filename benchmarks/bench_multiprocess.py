@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vllite.config import EngineArgs
+from vllite.engine_args import EngineArgs
 from vllite.protocol import EngineCoreRequest
 from vllite.sampling_params import SamplingParams
 

@@ -14,8 +14,8 @@ from vllite.version import __version__
 deprecated_aliases.install()  # renamed packages and moved builtins: old names for one release
 
 if TYPE_CHECKING:
-    from vllite.config import EngineArgs
     from vllite.engine.llm import LLM
+    from vllite.engine_args import EngineArgs
     from vllite.hookspecs import hookimpl
     from vllite.outputs import (
         ClassificationRequestOutput,
@@ -40,7 +40,7 @@ _LAZY = {
     "EmbeddingRequestOutput": "vllite.outputs",
     "ClassificationRequestOutput": "vllite.outputs",
     "ScoringRequestOutput": "vllite.outputs",
-    "EngineArgs": "vllite.config",
+    "EngineArgs": "vllite.engine_args",
     "hookimpl": "vllite.hookspecs",
 }
 

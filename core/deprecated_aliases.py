@@ -32,23 +32,37 @@ _VLLM_COMPAT = "vllite.plugins.vllm_compat"
 _VLLM_COMPAT_MODULES = ("finder", "served", "logger", "tokenizers", "torch_utils")
 _SIZING_NAMES: tuple[str, ...] = ("CPU_KVCACHE_SPACE_ENV", "DEFAULT_CPU_KVCACHE_SPACE_GIB", "cpu_kvcache_space_bytes")
 _SIZING_NAMES += ("determine_num_blocks", "gpu_kvcache_space_bytes", "kv_cache_bytes_per_token")
+# vLLM's slot-based logits processors: the interface, its buffers and the adapter, now the compatibility layer's.
+_PLUGINS = "vllite.plugins"
+_SLOT_MODULES = {"slot": "slot_adapter", "slot_interface": "slot_interface", "buffers": "buffers"}
+_SLOT_NAMES = {
+    "slot_adapter": ("SlotLogitsProcessorAdapter", "adapt_slot_processor", "is_slot_interface"),
+    "slot_interface": ("LogitsContext", "LogitsProcRequestState", "SlotLogitsProcessor"),
+    "buffers": ("StagedWriteTensor", "UvaBackedTensor"),
+}
 
-#: builtins that lived in the kernel (``core/``) -> their plugin module (removed in the release after the move).
+#: modules that moved, old name -> new name (removed in the release after the move): mostly builtins that lived in
+#: the kernel (``core/``), now in a plugin; the CPU-thread plan went the other way, into ``vllite.platform``.
 MOVED_MODULES: dict[str, str] = {
     **{f"vllite.kv_connector.{name}": f"{_KV_CONNECTORS}.{name}" for name in _KV_CONNECTOR_MODULES},
     "vllite.kv_connector.builtin_plugin": f"{_KV_CONNECTORS}.plugin",
     "vllite.kv_connector.testing": f"{_KV_CONNECTORS}.mock",
     **{f"vllite.structured_output.{name}": f"{_GRAMMARS}.{name}" for name in _GRAMMAR_MODULES},
     "vllite.structured_output.builtin_plugin": f"{_GRAMMARS}.plugin",
-    "vllite.cpu_threads": f"{_EXECUTOR}.cpu_threads",
+    "vllite.cpu_threads": "vllite.platform.cpu_threads",
+    f"{_EXECUTOR}.cpu_threads": "vllite.platform.cpu_threads",
     "vllite.cpu_governor": f"{_EXECUTOR}.cpu_governor",
     "vllite.kv_cache.sizing": f"{_EXECUTOR}.kv_cache_sizing",
     "vllite.serial": "vllite.plugins.engine_proc.serial",
     "vllite.cli_commands": "vllite.plugins.commands.plugin",
     "vllite.plugin_report": "vllite.plugins.commands.plugin_report",
     "vllite.testing.server": "vllite.plugins.openai_server.testing",
+    "vllite.kv_connector.conformance": "vllite.testing.kv_connector_conformance",
     "vllite.vllm_compat": _VLLM_COMPAT,
     **{f"vllite.vllm_compat.{name}": f"{_VLLM_COMPAT}.{name}" for name in _VLLM_COMPAT_MODULES},
+    "vllite.engine.beam_search": "vllite.plugins.beam_search.search",
+    "vllite.engine.step_log": "vllite.plugins.step_observers.step_log",
+    **{f"vllite.logits_processor.{old}": f"{_VLLM_COMPAT}.{new}" for old, new in _SLOT_MODULES.items()},
 }
 
 _SERVER = "vllite.plugins.openai_server"
@@ -106,9 +120,15 @@ MOVED_MODULES.update(
     }
 )
 
-#: kernel package -> {name it re-exported: the module that now holds it}.
+_AGENT_REPORT_NAMES = (
+    "percentile", "RunResult", "run_one", "BenchSettings", "make_sim_config", "make_real_args", "run_sweep",
+    "REPORT_FIELDS", "speedups", "write_report", "plot_jct",
+)  # fmt: skip
+
+#: package -> {name it re-exported: the module that now holds it}.
 MOVED_ATTRIBUTES: dict[str, dict[str, str]] = {
     "vllite.kv_cache": dict.fromkeys(_SIZING_NAMES, f"{_EXECUTOR}.kv_cache_sizing"),
+    "vllite.config": {"EngineArgs": "vllite.engine_args"},
     **{
         package: dict.fromkeys(("PriorityRequestQueue", "create_request_queue"), "vllite.policies.priority_queue")
         for package in ("vllite.sched", "vllite.sched.request_queue")
@@ -120,6 +140,12 @@ MOVED_ATTRIBUTES: dict[str, dict[str, str]] = {
     "vllite.engine.output_processor": dict.fromkeys(
         ("RequestOutputCollector", "merge_request_outputs"), "vllite.plugins.engine_proc.output_collector"
     ),
+    "vllite.plugins.bench.agent_bench": dict.fromkeys(_AGENT_REPORT_NAMES, "vllite.plugins.bench.agent_report"),
+    "vllite.engine.pooling": dict.fromkeys(("score_prompt", "pair_up", "cosine_scores"), f"{_PLUGINS}.pooling.scoring"),
+    "vllite.kv_events": {"ZmqEventPublisher": "vllite.plugins.kv_events.zmq_publisher"},
+    "vllite.logits_processor": {
+        name: f"{_VLLM_COMPAT}.{module}" for module, names in _SLOT_NAMES.items() for name in names
+    },
     # A module that became the package of its family: its names are read through the package.
     f"{_SERVER}.realtime": dict.fromkeys(("realtime_router", "RealtimeConnection"), f"{_SERVER}.realtime.session"),
     f"{_SERVER}.responses_api": dict.fromkeys(

@@ -213,7 +213,7 @@ class P2PTransferError(VlliteError):
 
 # ---------------------------------------------------------------------------- tools
 class KVConnectorConformanceError(VlliteError, AssertionError):
-    """A KV connector broke a rule of the contract under ``vllite.kv_connector.conformance`` (an
+    """A KV connector broke a rule of the contract under ``vllite.testing.kv_connector_conformance`` (an
     ``AssertionError`` too, so pytest reports it as a failed check); the message names the rule."""
 
 

@@ -24,6 +24,7 @@ from vllite.exceptions import ExecutorError, ExecutorFailedError
 
 if TYPE_CHECKING:
     from vllite.config import EngineConfig
+    from vllite.platform.cpu_threads import CpuThreadPlan
     from vllite.sched.output import ModelRunnerOutput, SchedulerOutput
 
 logger = logging.getLogger(__name__)
@@ -103,8 +104,13 @@ class Executor(ABC):
 
     def govern_inprocess_steps(self, engine_core: Any) -> None:
         """Called once by the in-process client, on the caller's thread, before the first step. An executor whose
-        model runs on this process's CPU threads may place those threads here and wrap ``engine_core.step_fn``
-        (the engine process places its own step thread). The default does nothing."""
+        model runs on this process's CPU threads may place those threads here (the plan of
+        :mod:`vllite.platform.cpu_threads`) and wrap ``engine_core.step_fn``. The default does nothing."""
+        return None
+
+    def govern_process_steps(self, engine_core: Any, plan: CpuThreadPlan) -> None:
+        """As :meth:`govern_inprocess_steps`, called by an engine-core process on its busy-loop thread with the
+        process's ``plan``; the executor may also move the process's other threads to ``plan.reserved_cpus``."""
         return None
 
     def register_failure_callback(self, callback: FailureCallback) -> None:

@@ -177,6 +177,31 @@ def vllite_register_lora_resolvers(register: Register) -> None:
 
 
 @hookspec
+def vllite_register_kv_event_publishers(register: Register) -> None:
+    """Contribute KV-cache event publishers, selected by ``--kv-events-config``'s ``publisher`` (vLLM's names).
+
+    When: once, when an engine core starts with KV-cache events enabled (and when a config naming one is checked).
+    Receives: ``register(name, cls)``; ``cls(config, data_parallel_rank)`` (``config``: a
+    ``vllite.kv_events.KVEventsConfig``) has ``publish(events)``, called once per engine step with the events the
+    block pool recorded (``vllite.kv_events`` structs; never blocks the engine), and ``shutdown()``. Builtin: ``zmq``.
+    Returns: nothing. Not firstresult. Hot path: ``publish`` runs once per step; the hook does not.
+    """
+
+
+@hookspec
+def vllite_register_step_wrappers(register: Register) -> None:
+    """Contribute step wrappers: what every engine core enters around each step's model execution.
+
+    When: once, when an engine core starts; each registered class is built for it.
+    Receives: ``register(name, cls)``; ``cls(config, scheduler)`` has ``around(scheduler_output)``, a context
+    manager entered around the executor's ``execute_model`` of every step (empty ones too). An exception leaving it
+    is the step's failure: a wrapper may log it but must let it pass. Builtin: ``step_log`` (a failed step's dump,
+    ``--enable-logging-iteration-details``).
+    Returns: nothing. Not firstresult. Hot path: ``around`` is entered once per step; the hook is called once.
+    """
+
+
+@hookspec
 def vllite_step_observer(step: dict[str, Any]) -> None:
     """Observe one engine step (tracing, metrics).
 

@@ -1,4 +1,5 @@
-"""What ``LLM.generate`` returns: ``RequestOutput`` holding one ``CompletionOutput`` per sample (vLLM names)."""
+"""What ``LLM.generate`` returns: ``RequestOutput`` holding one ``CompletionOutput`` per sample (vLLM names); the
+results of pooling (``PoolingRequestOutput`` and its task views) and of ``LLM.beam_search`` (``BeamSearchOutput``)."""
 
 from __future__ import annotations
 
@@ -52,6 +53,27 @@ class RequestOutput:
     kv_transfer_params: dict[str, Any] | None = None
     lora_request: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class BeamSearchSequence:
+    """One beam of ``LLM.beam_search``: ``tokens`` is the prompt followed by the generated tokens (vLLM's shape),
+    ``logprobs`` the top logprobs of each generated position, ``text`` filled once the sequence is returned."""
+
+    tokens: list[int]
+    logprobs: list[dict[int, Logprob]]
+    lora_request: Any = None
+    cum_logprob: float = 0.0
+    text: str | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class BeamSearchOutput:
+    """The best sequences of one prompt, best first, at most ``beam_width`` of them."""
+
+    sequences: list[BeamSearchSequence]
 
 
 @dataclass

@@ -5,53 +5,79 @@ its components once and keeps a ``name -> object`` registry (:class:`~vllite.reg
 by class path is imported when first read). Class paths (``pkg.mod:Class`` or ``pkg.mod.Class``) are accepted
 wherever a registered name is.
 
-Environment (applies to every entry-point group vllite reads, including the logits-processor groups):
+Builtins come in two kinds, as pytest's ``essential_plugins`` and ``default_plugins`` do (``vllite plugins`` shows
+which is which):
+- :data:`ESSENTIAL_PLUGINS`: what ``LLM(...).generate`` cannot run without (the FCFS / priority schedulers, the
+  builtin logits processors behind ``SamplingParams``, the default executor, the in-process and multiprocess
+  engine clients). Always loaded; denying one by its short name or module stops start-up with a
+  ``PluginLoadError``. To replace one of their components, register another under the same name from a plugin.
+- :data:`DEFAULT_PLUGINS`: everything else (Continuum, the benchmarks, the KV connectors, grammar backends, the
+  server, parsers, the CLI commands ...). Loaded unless the environment denies its short name (or module path).
+
+Environment (applies to every entry-point group vllite reads, including the logits-processor groups; the denials
+also to default builtins):
 - ``VLLITE_PLUGINS``: comma-separated entry-point names to load (empty loads none; unset loads all). An entry with a
   leading ``-`` turns that plugin off instead: ``VLLITE_PLUGINS=-a,-b`` loads all but ``a`` and ``b``;
-  ``VLLITE_PLUGINS=a,-b`` loads only ``a``.
-- ``VLLITE_DISABLED_PLUGINS``: comma-separated entry-point names never to load, whatever ``VLLITE_PLUGINS`` says.
-- ``VLLITE_DISABLE_PLUGIN_AUTOLOAD=1``: load no third-party plugins at all.
+  ``VLLITE_PLUGINS=a,-b`` loads only ``a``. Only the ``-name`` entries reach builtins: ``VLLITE_PLUGINS=-continuum``
+  skips the default builtin ``continuum``, and an allow list (``VLLITE_PLUGINS=myplugin``, or empty) keeps every
+  builtin, as pytest's ``-p no:NAME`` disables a builtin and nothing selects builtins.
+- ``VLLITE_DISABLED_PLUGINS``: comma-separated names never to load, whatever ``VLLITE_PLUGINS`` says: entry points
+  and default builtins alike (``VLLITE_DISABLED_PLUGINS=continuum``).
+- ``VLLITE_DISABLE_PLUGIN_AUTOLOAD=1``: load no third-party plugins at all (builtins still load, less the denied).
+
+A denied name applies to both kinds: denying ``continuum`` skips the default builtin and an entry point of that
+name alike. ``VLLM_PLUGINS`` is not read (logged when set): in vLLM it selects the ``vllm.general_plugins`` /
+platform / IO-processor / stat-logger entry points, which vllite does not load, and vLLM loads the
+``vllm.logits_processors`` entry points (the only vLLM group vllite reads) whatever it says.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
-import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from importlib import metadata
+from dataclasses import dataclass
 from typing import Any
 
 import pluggy
 
 from vllite import hookspecs
 from vllite.exceptions import DuplicateComponentError, PluginLoadError, UnknownComponentError
+from vllite.plugin_filter import EntryPointInfo, PluginFilter, iter_entry_points, note_vllm_plugins, plugin_filter
 from vllite.registry import Component, Registry, resolve_class_path
 
 logger = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "vllite"
 
-# Every builtin is a plugin registered through the same hooks as third parties, in this order.
-BUILTIN_PLUGINS: tuple[str, ...] = (
-    "vllite.policies.builtin",
-    "vllite.plugins.step_observers.sched_trace",
-    "vllite.policies.continuum_plugin",
-    "vllite.plugins.bench.plugin",
-    "vllite.builtin_logitsprocs.plugin",
-    "vllite.plugins.transformers_executor.plugin",
-    "vllite.plugins.kv_connectors.plugin",
-    "vllite.plugins.structured_outputs.plugin",
-    "vllite.engine.builtin_plugin",
-    "vllite.plugins.engine_proc.plugin",
-    "vllite.plugins.ray_dp.plugin",
-    "vllite.plugins.openai_server.plugin",
-    "vllite.plugins.reasoning.plugin",
-    "vllite.plugins.tool_parsers.plugin",
-    "vllite.plugins.commands.plugin",
-)
+# Every builtin is a plugin registered through the same hooks as third parties: short name -> module.
+#: The builtins the engine cannot run without: always loaded, never disabled.
+ESSENTIAL_PLUGINS: dict[str, str] = {
+    "schedulers": "vllite.policies.builtin",
+    "logitsprocs": "vllite.builtin_logitsprocs.plugin",
+    "transformers_executor": "vllite.plugins.transformers_executor.plugin",
+    "inprocess_client": "vllite.engine.builtin_plugin",
+    "engine_proc": "vllite.plugins.engine_proc.plugin",
+}
+#: The builtins the environment may turn off by short name (``VLLITE_PLUGINS=-NAME``, ``VLLITE_DISABLED_PLUGINS``).
+DEFAULT_PLUGINS: dict[str, str] = {
+    "sched_trace": "vllite.plugins.step_observers.sched_trace",
+    "step_log": "vllite.plugins.step_observers.step_log",
+    "kv_events": "vllite.plugins.kv_events.plugin",
+    "continuum": "vllite.policies.continuum_plugin",
+    "bench": "vllite.plugins.bench.plugin",
+    "kv_connectors": "vllite.plugins.kv_connectors.plugin",
+    "structured_outputs": "vllite.plugins.structured_outputs.plugin",
+    "ray_dp": "vllite.plugins.ray_dp.plugin",
+    "openai_server": "vllite.plugins.openai_server.plugin",
+    "reasoning": "vllite.plugins.reasoning.plugin",
+    "tool_parsers": "vllite.plugins.tool_parsers.plugin",
+    "commands": "vllite.plugins.commands.plugin",
+}
+#: Every builtin module, in registration order (essential first). The manager reads this (and the two tables above)
+#: when it is built, so a test may patch it to load fewer builtins; a module in neither table counts as essential.
+BUILTIN_PLUGINS: tuple[str, ...] = (*ESSENTIAL_PLUGINS.values(), *DEFAULT_PLUGINS.values())
 
 # Component kind -> the register hook that contributes it, and the attributes a component must have.
 COMPONENT_KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -70,89 +96,55 @@ COMPONENT_KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "lora_resolvers": ("vllite_register_lora_resolvers", ("resolve_lora",)),
     "models": ("vllite_register_models", ()),
     "commands": ("vllite_register_commands", ("run",)),
+    "kv_event_publishers": ("vllite_register_kv_event_publishers", ("publish", "shutdown")),
+    "step_wrappers": ("vllite_register_step_wrappers", ("around",)),
 }
 
 
 @dataclass(frozen=True)
-class EntryPointInfo:
-    """One discovered entry point, with the distribution it came from (for error messages and ``vllite plugins``)."""
+class BuiltinPlugin:
+    """One builtin plugin: its module, its short name (``None``: a module in neither table), its kind, and whether
+    the environment turned it off (only a default one can be)."""
 
-    name: str
-    value: str
-    group: str
-    dist_name: str
-    dist_version: str
-    entry_point: Any = field(repr=False, compare=False)
+    module: str
+    short_name: str | None
+    essential: bool
+    disabled: bool = False
 
-    def describe(self) -> str:
-        return f"entry point {self.name!r} ({self.value}) of distribution {self.dist_name} {self.dist_version}"
-
-    def load(self) -> Any:
-        """Imports the entry point; any failure becomes a ``PluginLoadError`` naming it."""
-        from vllite.plugins import vllm_compat  # a builtin adapter: imported here, not at module level
-
-        vllm_compat.activate()  # plugins may `import vllm...`: served by vllite when no real vLLM is installed
-        try:
-            return self.entry_point.load()
-        except Exception as exc:
-            raise PluginLoadError(
-                f"Failed to load {self.describe()} in group {self.group!r}: {type(exc).__name__}: {exc} "
-                f"(VLLITE_DISABLED_PLUGINS={self.name} skips it)",
-                plugin=self.name,
-                distribution=self.dist_name,
-            ) from exc
+    @property
+    def kind(self) -> str:
+        """``"essential"`` or ``"default"``."""
+        return "essential" if self.essential else "default"
 
 
-@dataclass(frozen=True)
-class PluginFilter:
-    """Which entry points may load: those in ``allowed`` (``None``: any name) and not in ``denied``."""
-
-    allowed: frozenset[str] | None = None
-    denied: frozenset[str] = frozenset()
-
-    def allows(self, name: str) -> bool:
-        return (self.allowed is None or name in self.allowed) and name not in self.denied
-
-
-def _names(value: str) -> list[str]:
-    return [name.strip() for name in value.split(",") if name.strip()]
-
-
-def plugin_filter() -> PluginFilter:
-    """The filter the environment sets (see the module docstring): ``VLLITE_PLUGINS`` entries without ``-`` allow,
-    entries with a leading ``-`` and ``VLLITE_DISABLED_PLUGINS`` deny; only denials (or no ``VLLITE_PLUGINS``)
-    allow every other name, and ``VLLITE_PLUGINS=`` allows none."""
-    if os.environ.get("VLLITE_DISABLE_PLUGIN_AUTOLOAD", "").strip() in ("1", "true", "True"):
-        return PluginFilter(allowed=frozenset())
-    denied = set(_names(os.environ.get("VLLITE_DISABLED_PLUGINS", "")))
-    value = os.environ.get("VLLITE_PLUGINS")
-    if value is None:
-        return PluginFilter(None, frozenset(denied))
-    entries = _names(value)
-    allowed = {name for name in entries if not name.startswith("-")}
-    denied.update(name[1:].strip() for name in entries if name.startswith("-") and name[1:].strip())
-    only_denials = bool(entries) and not allowed
-    return PluginFilter(None if only_denials else frozenset(allowed), frozenset(denied))
-
-
-def iter_entry_points(group: str) -> list[EntryPointInfo]:
-    """The entry points of ``group`` that the environment's :func:`plugin_filter` allows, sorted."""
-    allowed = plugin_filter()
-    found: dict[tuple[str, str], EntryPointInfo] = {}
-    for ep in metadata.entry_points(group=group):
-        if not allowed.allows(ep.name):
-            if ep.name in allowed.denied:
-                logger.debug("Entry point %r of group %r is disabled by the environment", ep.name, group)
+def builtin_plugins(env_filter: PluginFilter | None = None) -> list[BuiltinPlugin]:
+    """Every module of :data:`BUILTIN_PLUGINS`, classified by :data:`ESSENTIAL_PLUGINS` / :data:`DEFAULT_PLUGINS`
+    (all read now), a default one marked disabled when ``env_filter`` (default: the environment's) denies its short
+    name or module. Denying an essential one raises ``PluginLoadError`` naming it."""
+    denied = env_filter if env_filter is not None else plugin_filter()
+    default = {module: name for name, module in DEFAULT_PLUGINS.items()}
+    essential = {module: name for name, module in ESSENTIAL_PLUGINS.items()}
+    builtins: list[BuiltinPlugin] = []
+    for module in BUILTIN_PLUGINS:
+        name = default.get(module)
+        if name is not None:
+            builtins.append(BuiltinPlugin(module, name, False, denied.denies_builtin(name, module)))
             continue
-        dist = getattr(ep, "dist", None)
-        dist_name = dist.metadata["Name"] if dist is not None else "<unknown>"
-        dist_version = dist.version if dist is not None else "?"
-        # The same distribution can be visible twice on sys.path (e.g. editable + build dir): keep one.
-        found.setdefault((ep.name, ep.value), EntryPointInfo(ep.name, ep.value, group, dist_name, dist_version, ep))
-    return sorted(found.values(), key=lambda info: (info.name, info.value))
+        name = essential.get(module)
+        if denied.denies_builtin(name, module):
+            raise PluginLoadError(
+                f"The builtin plugin {name or module!r} ({module}) is essential: the engine cannot run without it, so "
+                "VLLITE_PLUGINS=-NAME / VLLITE_DISABLED_PLUGINS cannot turn it off (only the default builtins: "
+                f"{', '.join(DEFAULT_PLUGINS)}). To replace one of its components, register another under the same "
+                "name from a plugin.",
+                plugin=name or module,
+            )
+        builtins.append(BuiltinPlugin(module, name, True))
+    return builtins
 
 
 def looks_like_class_path(name: str) -> bool:
+    """Whether ``name`` is a class path (``pkg.mod:Class`` or ``pkg.mod.Class``) rather than a registered name."""
     return ":" in name or "." in name
 
 
@@ -162,13 +154,19 @@ class PluginManager:
     def __init__(self, *, load_entry_points: bool = True, extra_plugins: tuple[Any, ...] = ()) -> None:
         self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
         self.pm.add_hookspecs(hookspecs)
+        note_vllm_plugins()
+        #: Every builtin, loaded or disabled (``vllite plugins`` lists both); ``builtin_names``: the loaded ones.
+        self.builtins = builtin_plugins()
         self.builtin_names: list[str] = []
         self.entry_points: dict[str, EntryPointInfo] = {}
         self._registries: dict[str, dict[str, Component]] = {}
         self._lock = threading.Lock()
-        for module_name in BUILTIN_PLUGINS:
-            self._register(importlib.import_module(module_name), module_name, source=f"builtin {module_name}")
-            self.builtin_names.append(module_name)
+        for builtin in self.builtins:
+            if builtin.disabled:
+                logger.debug("The default builtin plugin %r is disabled by the environment", builtin.short_name)
+                continue
+            self._register(importlib.import_module(builtin.module), builtin.module, source=f"builtin {builtin.module}")
+            self.builtin_names.append(builtin.module)
         if load_entry_points:
             for info in iter_entry_points(ENTRY_POINT_GROUP):
                 self._register(info.load(), info.name, source=info.describe(), info=info)

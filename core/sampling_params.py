@@ -309,7 +309,7 @@ class BeamSearchParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     ``early_stopping`` (Hugging Face's and earlier vLLM's meaning): ``True`` stops once ``beam_width`` sequences
     finished, ``False`` once the best live beam cannot beat them at its current length, ``"never"`` once it cannot
     at any length. ``temperature`` is passed to the step requests; the candidates come from the model's raw
-    logprobs, so it does not change them. The algorithm: :mod:`vllite.engine.beam_search`.
+    logprobs, so it does not change them. The algorithm: :mod:`vllite.plugins.beam_search`.
     """
 
     beam_width: int

@@ -22,6 +22,7 @@ PACKAGES = {
     "schedulers": "vllite.policies",
     "builtin_logitsprocs": "vllite.builtin_logitsprocs",
     "vllite_kernels": "vllite.kernels",
+    "vllite_testing": "vllite.testing",
 }
 
 
@@ -82,7 +83,9 @@ def import_graph() -> dict[str, set[str]]:
                 targets = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
                 base = resolve(name, node, path.name == "__init__.py")
-                targets = [f"{base}.{alias.name}" for alias in node.names] + [base]
+                submodules = [f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in modules]
+                # `from package import submodule` ties to the submodule, as `import package.submodule` does
+                targets = submodules if len(submodules) == len(node.names) else [base, *submodules]
             for target in targets:
                 while target and target not in modules:
                     target = target.rpartition(".")[0]

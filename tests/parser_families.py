@@ -359,7 +359,7 @@ def start_family_servers(model: str, *, auth: tuple[str, str] | None = None, met
     from inprocess_servers import InProcessServers
 
     from vllite.assets import default_model_path
-    from vllite.config import EngineArgs
+    from vllite.engine_args import EngineArgs
     from vllite.plugins.openai_server.cli import demo_model_defaults
     from vllite.plugins.openai_server.context import ServerSettings
     from vllite.plugins.openai_server.testing import FORCED_SEQUENCE

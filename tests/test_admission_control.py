@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 from http_client import request
 
-from vllite.config import EngineArgs
+from vllite.engine_args import EngineArgs
 from vllite.plugins.openai_server.testing import RemoteServer
 
 openai = pytest.importorskip("openai")

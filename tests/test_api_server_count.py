@@ -105,7 +105,7 @@ def test_sigint_stops_every_process():
 
 
 def _resolve(*argv: str) -> int:
-    from vllite.config import EngineArgs
+    from vllite.engine_args import EngineArgs
     from vllite.plugins.openai_server.api_servers import resolve_api_server_count
     from vllite.plugins.openai_server.cli import add_serve_arguments
 

@@ -20,13 +20,13 @@ import pytest
 from tests.test_generation_equivalence import _assert_equal, _hf_greedy, _prompts
 from tests.test_kv_connector_scheduler import check_kv_invariants
 from vllite import LLM, SamplingParams
-from vllite.config import EngineArgs
 from vllite.engine.core import EngineCore
+from vllite.engine_args import EngineArgs
 from vllite.policies.fcfs import FCFSScheduler
 from vllite.policies.priority import PriorityScheduler
 from vllite.request import RequestStatus
 from vllite.sched import Scheduler
-from vllite.sched.async_scheduler import AsyncSchedulingMixin, async_scheduler_cls
+from vllite.sched.async_scheduler import AsyncSchedulingMixin, async_scheduler_cls, create_async_scheduler
 from vllite.testing import (
     PositionTokenExecutor,
     ScriptedModelRunner,
@@ -149,14 +149,16 @@ def test_decode_is_scheduled_ahead_of_its_token() -> None:
 
 
 def test_refuses_what_it_cannot_serve() -> None:
+    """The async scheduler checks its own config: when the engine is created, before anything loads (``x`` is no
+    model folder), and when the scheduler is made."""
+    spec = {"method": "ngram", "num_speculative_tokens": 2}
     with pytest.raises(ValueError, match=r"--async-scheduling.*--speculative-config"):
-        EngineArgs(
-            model="x",
-            async_scheduling=True,
-            speculative_config={"method": "ngram", "num_speculative_tokens": 2},
-        ).create_engine_config()
+        LLM(model="x", async_scheduling=True, speculative_config=spec)
     with pytest.raises(ValueError, match=r"--async-scheduling.*--kv-transfer-config"):
-        EngineArgs(model="x", async_scheduling=True, kv_offload_size=1.0).create_engine_config()
+        LLM(model="x", async_scheduling=True, kv_offload_size=1.0)
+    config = EngineArgs(model="x", async_scheduling=True, kv_offload_size=1.0).create_engine_config()
+    with pytest.raises(ValueError, match=r"--async-scheduling.*--kv-transfer-config"):
+        create_async_scheduler(config.with_limits(64, 16), 16)
     parser = EngineArgs.add_cli_args(__import__("argparse").ArgumentParser())
     assert EngineArgs.from_cli_args(parser.parse_args(["--async-scheduling"])).async_scheduling
 

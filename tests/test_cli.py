@@ -56,6 +56,11 @@ def test_plugins_lists_builtins_with_their_components(capsys):
     assert rows["vllite.policies.builtin"]["components"]["schedulers"] == ["fcfs", "priority"]
     assert "vllite_register_commands" in rows["vllite.plugins.commands.plugin"]["hooks"]
     assert "continuum" in rows["vllite.policies.continuum_plugin"]["components"]["schedulers"]
+    # Each builtin says whether it is essential or default, its short name, and that it is loaded.
+    assert {(row["builtin"], row["short_name"], row["status"]) for row in rows.values() if row["builtin"]} == {
+        *(("essential", name, "loaded") for name in plugin_manager.ESSENTIAL_PLUGINS),
+        *(("default", name, "loaded") for name in plugin_manager.DEFAULT_PLUGINS),
+    }
 
 
 LOGITS_PROCESSOR_MODULE = """

@@ -90,7 +90,7 @@ def test_vllm_dtype_names_are_accepted(dtype):
 
 
 def test_dtype_half_means_float16():
-    from vllite.config import EngineArgs
+    from vllite.engine_args import EngineArgs
 
     assert EngineArgs(dtype="half").create_engine_config().model_config.dtype == "float16"
     assert EngineArgs(dtype="float").create_engine_config().model_config.dtype == "float32"

@@ -204,8 +204,8 @@ def test_async_llm_shutdown_ends_every_open_stream(caller):
 
 
 def _llm_engine(step_delay_s: float):
-    from vllite.config import EngineArgs
     from vllite.engine.llm_engine import LLMEngine
+    from vllite.engine_args import EngineArgs
 
     ensure_engine_proc_plugin()
     return LLMEngine(EngineArgs(**_engine_kwargs(step_delay_s)).create_engine_config(), multiprocess=True)

@@ -10,9 +10,7 @@ from pathlib import Path
 import pytest
 
 from vllite.exceptions import CpuThreadsConfigError, VlliteError
-from vllite.plugins.transformers_executor import cpu_governor
-from vllite.plugins.transformers_executor.cpu_governor import CpuThreadGovernor, OmpThreadPinner, place_other_threads
-from vllite.plugins.transformers_executor.cpu_threads import (
+from vllite.platform.cpu_threads import (
     ADAPTIVE_ENV,
     BIND_ENV,
     NUM_THREADS_ENV,
@@ -20,8 +18,11 @@ from vllite.plugins.transformers_executor.cpu_threads import (
     CpuThreadPlan,
     parse_cpu_list,
     physical_core_cpus,
+    place_other_threads,
     resolve_plan,
 )
+from vllite.plugins.transformers_executor import cpu_governor
+from vllite.plugins.transformers_executor.cpu_governor import CpuThreadGovernor, OmpThreadPinner
 
 TWO_CPUS = len(os.sched_getaffinity(0)) >= 2
 

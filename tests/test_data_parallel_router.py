@@ -198,7 +198,7 @@ def test_each_engine_gets_its_own_cpus():
 
 def test_auto_splits_the_mask_into_contiguous_groups(monkeypatch):
     import vllite.plugins.engine_proc.dp_engines as dp_engines
-    from vllite.plugins.transformers_executor import cpu_threads
+    from vllite.platform import cpu_threads
 
     monkeypatch.setattr(dp_engines, "resolve_plan", lambda env: cpu_threads.resolve_plan(env, allowed=range(8)))
     monkeypatch.setattr(cpu_threads, "physical_core_cpus", lambda cpus: sorted(cpus))
@@ -240,8 +240,8 @@ def test_wave_coordinator_orders_wave_notices():
 
 
 def test_an_unavailable_backend_or_no_multiprocessing_is_a_clear_error():
-    from vllite.config import EngineArgs
     from vllite.engine.core_client import make_client
+    from vllite.engine_args import EngineArgs
 
     config = EngineArgs(data_parallel_size=2, data_parallel_backend="nope").create_engine_config()
     with pytest.raises(ValueError, match=r"data_parallel_backend 'nope' is not available \(registered: mp"):

@@ -124,6 +124,18 @@ def test_builtins_and_new_names_import_without_warnings():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_engine_args_moved_out_of_config_but_the_top_level_name_does_not_warn():
+    code = (
+        "import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
+        "import vllite\nfrom vllite.engine_args import EngineArgs\n"
+        "assert vllite.EngineArgs is EngineArgs\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    with pytest.warns(DeprecationWarning, match="vllite.config.EngineArgs is deprecated"):
+        from vllite.config import EngineArgs as OldEngineArgs
+    assert OldEngineArgs is importlib.import_module("vllite.engine_args").EngineArgs
+
+
 def test_warning_points_at_the_importing_code():
     code = "import warnings; warnings.simplefilter('always')\nimport vllite.schedulers.fcfs\n"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

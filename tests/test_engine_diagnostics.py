@@ -20,8 +20,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from vllite.config import CacheConfig, EngineArgs, EngineConfig, ModelConfig, ObservabilityConfig
+from vllite.config import CacheConfig, EngineConfig, ModelConfig, ObservabilityConfig
 from vllite.engine.core import EngineCore
+from vllite.engine_args import EngineArgs
 from vllite.exceptions import ModelExecutionError
 from vllite.protocol import EngineCoreRequest
 from vllite.sampling_params import SamplingParams

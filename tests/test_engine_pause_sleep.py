@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllite.config import EngineArgs
 from vllite.engine.llm_engine import LLMEngine
+from vllite.engine_args import EngineArgs
 from vllite.sampling_params import SamplingParams
 
 FAKE_EXECUTOR = "vllite.testing.executors:PositionTokenExecutor"

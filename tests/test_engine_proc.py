@@ -18,7 +18,7 @@ import msgspec
 import pytest
 import zmq
 
-from vllite.config import EngineArgs
+from vllite.engine_args import EngineArgs
 from vllite.exceptions import EngineStartupError, UtilityCallError
 from vllite.protocol import EngineCoreRequest, EngineCoreRequestType, FinishReason
 from vllite.sampling_params import SamplingParams

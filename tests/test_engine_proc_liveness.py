@@ -116,7 +116,7 @@ def test_engine_dead_error_carries_the_fatal_cause():
 
 
 def test_startup_failure_names_the_real_cause():
-    from vllite.config import EngineArgs
+    from vllite.engine_args import EngineArgs
     from vllite.plugins.engine_proc.client import SyncMPClient
 
     config = EngineArgs(

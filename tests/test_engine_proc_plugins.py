@@ -10,7 +10,7 @@ import pytest
 
 from tests.plugin_utils import forget_modules, make_distribution
 from tests.test_engine_proc import Collector, ensure_engine_proc_plugin
-from vllite.config import EngineArgs
+from vllite.engine_args import EngineArgs
 from vllite.protocol import EngineCoreRequest
 from vllite.sampling_params import SamplingParams
 

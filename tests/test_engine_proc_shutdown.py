@@ -101,7 +101,7 @@ def test_shutdown_after_signal_while_idle_is_acted_on_at_once():
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="named semaphores are not visible under /dev/shm")
 def test_semaphore_created_in_the_engine_is_unlinked_on_exit(tmp_path):
-    from vllite.config import EngineArgs
+    from vllite.engine_args import EngineArgs
     from vllite.plugins.engine_proc.client import SyncMPClient
 
     probe = tmp_path / "semaphore.json"

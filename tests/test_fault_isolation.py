@@ -228,8 +228,8 @@ def test_batch_level_processor_that_raises_fails_every_row_and_keeps_the_logits(
 
 
 def _engine_core():
-    from vllite.config import EngineArgs
     from vllite.engine.core import EngineCore
+    from vllite.engine_args import EngineArgs
     from vllite.testing import make_tiny_model_dir_cached
 
     config = EngineArgs(
@@ -334,8 +334,8 @@ def test_n_is_capped():
 
 
 def test_kv_cache_override_too_small_for_a_fixed_max_model_len_fails_at_start_up():
-    from vllite.config import EngineArgs
     from vllite.engine.core import EngineCore
+    from vllite.engine_args import EngineArgs
     from vllite.exceptions import KVCacheMemoryError
     from vllite.testing import make_tiny_model_dir_cached
 

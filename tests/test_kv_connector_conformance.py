@@ -1,5 +1,5 @@
-"""The conformance kit (``vllite.kv_connector.conformance``) run against the builtin ``shared-storage`` connector
-and ``MockKVConnector`` in several configurations, as a third party runs it against its own connector; and
+"""The conformance kit (``vllite.testing.kv_connector_conformance``) run against the builtin ``shared-storage``
+connector and ``MockKVConnector`` in several configurations, as a third party runs it against its own connector; and
 connectors that break a rule, to show the kit catches each."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 
 from vllite.exceptions import KVConnectorConformanceError
 from vllite.kv_connector import KVConnectorBase
-from vllite.kv_connector.conformance import *  # noqa: F403  (collects test_kv_connector_conformance)
-from vllite.kv_connector.conformance import run_conformance
 from vllite.plugins.kv_connectors.mock import MOCK_CONNECTOR
+from vllite.testing.kv_connector_conformance import *  # noqa: F403  (collects test_kv_connector_conformance)
+from vllite.testing.kv_connector_conformance import run_conformance
 
 MOCK_CONFIGS: dict[str, tuple[dict[str, Any], bool]] = {
     # name -> (kv_connector_extra_config, outputs comparable: the mock loads nothing, so only 0 external tokens)

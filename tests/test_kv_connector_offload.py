@@ -20,13 +20,13 @@ from test_executor_support import (
     single_thread,  # noqa: F401  (autouse fixture)
 )
 
-from vllite.config import EngineArgs
+from vllite.engine_args_checks import kv_transfer_config
 from vllite.kv_connector.base import KVConnectorRole
 from vllite.kv_connector.config import KVTransferConfig
-from vllite.kv_connector.conformance import run_conformance
 from vllite.kv_connector.factory import connector_class
 from vllite.plugins.kv_connectors.offload import OffloadConnector
 from vllite.plugins.kv_connectors.offload_worker import BlockTransfer, OffloadWorker
+from vllite.testing.kv_connector_conformance import run_conformance
 
 # Other traffic: distinct prompts that, through a 12-block cache, push PROMPT's blocks out of the prefix cache.
 OTHERS = [[(7 * i + 13 * j) % 90 + 3 for j in range(30)] for i in range(1, 4)]
@@ -116,13 +116,13 @@ def test_config_and_flag(model_path: Path) -> None:
             OffloadConnector(
                 config, KVConnectorRole.SCHEDULER, KVTransferConfig("offload", kv_connector_extra_config=extra)
             )
-    kv = EngineArgs(model=str(model_path), kv_offload_size=0.25)._kv_transfer_config()
+    kv = kv_transfer_config(None, kv_offload_size=0.25)  # what EngineArgs(kv_offload_size=0.25) makes
     assert kv is not None and kv.kv_connector == "offload"
     assert kv.get_from_extra_config("offload_size_gib") == 0.25
     with pytest.raises(ValueError, match="kv_offload_size"):
-        EngineArgs(model=str(model_path), kv_offload_size=0)._kv_transfer_config()
-    explicit = EngineArgs(model=str(model_path), kv_offload_size=1, kv_transfer_config='{"kv_connector": "x"}')
-    assert explicit._kv_transfer_config().kv_connector == "x"  # type: ignore[union-attr]
+        kv_transfer_config(None, kv_offload_size=0)
+    explicit = kv_transfer_config('{"kv_connector": "x"}', kv_offload_size=1)
+    assert explicit is not None and explicit.kv_connector == "x"
 
 
 # ------------------------------------------------------------------------------------------- whole engines

@@ -19,11 +19,11 @@ from test_executor_support import (
 )
 
 from vllite.kv_connector.config import KVTransferConfig
-from vllite.kv_connector.conformance import run_conformance
 from vllite.kv_connector.factory import connector_class
 from vllite.outputs import RequestOutput
 from vllite.plugins.kv_connectors.p2p import P2PConnector
 from vllite.sampling_params import SamplingParams
+from vllite.testing.kv_connector_conformance import run_conformance
 
 OTHER = [(7 * j) % 90 + 3 for j in range(18)]
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from vllite.config import EngineArgs
+from vllite.engine_args import EngineArgs
 from vllite.kv_connector.base import KVConnectorRole
 from vllite.kv_connector.config import KVTransferConfig
 from vllite.plugins.kv_connectors.mock import MOCK_CONNECTOR, ConnectorModelRunner, MockKVConnector

@@ -12,7 +12,7 @@ import pytest
 import zmq
 
 from vllite import LLM, SamplingParams
-from vllite.config import EngineArgs
+from vllite.engine_args import EngineArgs
 from vllite.kv_events import (
     END_SEQ,
     AllBlocksCleared,

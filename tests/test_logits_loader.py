@@ -26,11 +26,11 @@ from vllite.logits_processor import (
     BatchUpdateBuilder,
     LogitsProcessors,
     MoveDirectionality,
-    SlotLogitsProcessorAdapter,
     build_logitsprocs,
     load_logitsprocs_classes,
     validate_sampling_params,
 )
+from vllite.plugins.vllm_compat.slot_adapter import SlotLogitsProcessorAdapter
 from vllite.sampling_params import SamplingParams
 
 BUILTINS = [

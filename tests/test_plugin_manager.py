@@ -50,6 +50,7 @@ def _scheduler_dist(root, dist, module, sched_name, cls="Sched"):
 def test_builtins_register_components(plugin_root):
     manager = plugin_manager.get_plugin_manager()
     assert manager.builtin_names == list(plugin_manager.BUILTIN_PLUGINS)
+    assert [(b.module, b.disabled) for b in manager.builtins] == [(m, False) for m in plugin_manager.BUILTIN_PLUGINS]
     assert {"plugins", "generate", "chat"} <= set(plugin_manager.get_registry("commands"))
     assert "inprocess" in plugin_manager.get_registry("engine_clients")
 

@@ -35,7 +35,7 @@ TIMEOUT_S = 60.0
 def servers():
     from inprocess_servers import InProcessServers
 
-    from vllite.config import EngineArgs
+    from vllite.engine_args import EngineArgs
     from vllite.testing import make_tiny_model_dir_cached
 
     engine_args = EngineArgs(

@@ -36,7 +36,7 @@ def servers(tmp_path_factory):
     from inprocess_servers import InProcessServers
 
     from vllite.assets import default_model_path
-    from vllite.config import EngineArgs
+    from vllite.engine_args import EngineArgs
 
     trace_dir = tmp_path_factory.mktemp("traces")
     with pytest.MonkeyPatch.context() as mp:

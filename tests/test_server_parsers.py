@@ -297,7 +297,7 @@ def test_a_missing_parser_plugin_file_is_named(tmp_path):
 
 
 def test_continuum_names_tools_with_the_servers_parser(tmp_path, fresh_plugins):
-    from vllite.config import EngineArgs
+    from vllite.engine_args import EngineArgs
     from vllite.plugins.openai_server.parser_plugins import load_parser_plugin, share_tool_parser
 
     continuum = EngineArgs(scheduler_cls="continuum")

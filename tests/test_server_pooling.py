@@ -280,7 +280,7 @@ def hf_cross(folders):
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from vllite.engine.pooling import score_prompt
+    from vllite.plugins.pooling.scoring import score_prompt
 
     tokenizer = AutoTokenizer.from_pretrained(str(folders.cross))
     model = AutoModelForSequenceClassification.from_pretrained(str(folders.cross)).eval()

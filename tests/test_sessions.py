@@ -13,9 +13,9 @@ import contextlib
 
 import pytest
 
-from vllite.config import EngineArgs
 from vllite.engine.llm_engine import LLMEngine
 from vllite.engine.sessions import StreamingInput
+from vllite.engine_args import EngineArgs
 from vllite.exceptions import SessionClosedError
 from vllite.outputs import RequestOutput
 from vllite.sampling_params import RequestOutputKind, SamplingParams

@@ -10,7 +10,7 @@ import pytest
 from http_client import request
 
 from vllite import LLM, SamplingParams
-from vllite.config import EngineArgs
+from vllite.engine_args import EngineArgs
 from vllite.exceptions import UtilityCallError
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from vllite.config import EngineArgs, SpeculativeConfig
+from vllite.config import SpeculativeConfig
 from vllite.engine.stats import SpecDecodingMetrics
+from vllite.engine_args import EngineArgs
 from vllite.logits_processor import LogitsProcessor
 from vllite.plugins.engine_proc.stat_loggers import SpecDecodingStatLogger
 from vllite.plugins.transformers_executor.sampler import SamplingMetadata

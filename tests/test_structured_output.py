@@ -102,7 +102,7 @@ def test_config_resolves_from_json_and_names_bad_fields():
 def test_engine_args_and_cli_carry_the_config():
     import argparse
 
-    from vllite.config import EngineArgs
+    from vllite.engine_args import EngineArgs
 
     parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
     args = parser.parse_args(["--structured-outputs-config", '{"backend": "guidance", "disable_any_whitespace": true}'])

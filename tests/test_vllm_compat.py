@@ -20,20 +20,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from vllite.config import EngineArgs, EngineConfig
+from vllite.config import EngineConfig
+from vllite.engine_args import EngineArgs
 from vllite.exceptions import VlliteError, VllmCompatImportError, VLLMValidationError
 from vllite.logits_processor import (
     BatchUpdateBuilder,
     LogitsProcessor,
-    LogitsProcRequestState,
     MoveDirectionality,
-    SlotLogitsProcessorAdapter,
-    StagedWriteTensor,
-    UvaBackedTensor,
     build_logitsprocs,
 )
 from vllite.plugins import vllm_compat
+from vllite.plugins.vllm_compat.buffers import StagedWriteTensor, UvaBackedTensor
 from vllite.plugins.vllm_compat.finder import VllmCompatFinder
+from vllite.plugins.vllm_compat.slot_adapter import SlotLogitsProcessorAdapter
+from vllite.plugins.vllm_compat.slot_interface import LogitsProcRequestState
 from vllite.sampling_params import SamplingParams
 from vllite.testing import make_tiny_model_dir_cached
 
@@ -107,7 +107,7 @@ def test_plugin_imports_get_the_same_objects_as_vllite():
     import vllite.config
     import vllite.logits_processor as lp
     import vllite.structured_output
-    from vllite.logits_processor.slot_interface import SlotLogitsProcessor
+    from vllite.plugins.vllm_compat import slot_interface as slot
 
     vllm_compat.activate()
     from vllm import SamplingParams as TopSamplingParams
@@ -141,8 +141,8 @@ def test_plugin_imports_get_the_same_objects_as_vllite():
     assert TopSamplingParams is ServedSamplingParams is SamplingParams
     assert StructuredOutputsParams is vllite.structured_output.StructuredOutputsParams
     assert ServedValidationError is VLLMValidationError and issubclass(VLLMValidationError, ValueError)
-    assert ServedSlotProcessor is SlotLogitsProcessor
-    assert (LogitsContext, LogitsProcRequestState) == (lp.LogitsContext, lp.LogitsProcRequestState)
+    assert ServedSlotProcessor is slot.SlotLogitsProcessor
+    assert (LogitsContext, LogitsProcRequestState) == (slot.LogitsContext, slot.LogitsProcRequestState)
     assert callable(init_logger) and callable(async_tensor_h2d) and callable(cached_tokenizer_from_config)
     import vllm
 

@@ -144,8 +144,8 @@ def test_the_server_returns_the_vllm_parsers_calls(plugin_file):
     from parser_families import FAMILIES, forced
 
     from vllite.assets import default_model_path
-    from vllite.config import EngineArgs
     from vllite.engine.tokenizer import get_tokenizer
+    from vllite.engine_args import EngineArgs
     from vllite.plugins.openai_server.cli import demo_model_defaults
     from vllite.plugins.openai_server.context import ServerSettings
     from vllite.plugins.openai_server.testing import FORCED_SEQUENCE

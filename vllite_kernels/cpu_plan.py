@@ -39,6 +39,9 @@ BUCKET_OVERHEAD_S = 30e-6
 #: Estimated cost of one element of padded work (one key position times one K/V or query element), in seconds.
 ELEMENT_S = 0.2e-9
 
+#: One bucket's sequences (indices, sorted) and whether it is causal (fresh prefills, no mask).
+Group = tuple[np.ndarray, bool]
+
 
 @dataclass
 class AttentionBucket:
@@ -169,6 +172,97 @@ def _cut(lengths: np.ndarray, q_lens: np.ndarray, per_key: float, per_query_key:
     return cuts
 
 
+def _group(q_lens: np.ndarray, num_blocks: np.ndarray, fresh: np.ndarray, kv_cost: float, q_cost: float) -> list[Group]:
+    """The buckets: the sequences of each (sorted) and whether it is causal, ordered by their first sequence.
+
+    ``kv_cost`` and ``q_cost`` are the estimated costs of one padded block of keys and values, and of one padded
+    block times one query row (see :func:`_cut`).
+    """
+    # Class per sequence: its query length when short, else -1 (fresh prefill, causal) or -2 (masked).
+    classes = np.where(q_lens <= SHORT_QUERY_MAX, q_lens, np.where(fresh, -1, -2))
+    groups: list[Group] = []
+    active = q_lens > 0  # a sequence with no query tokens this step has nothing to attend
+    for cls in np.unique(classes[active]):
+        members = np.nonzero((classes == cls) & active)[0]
+        members = members[np.lexsort((-q_lens[members], -num_blocks[members]))]
+        causal = bool(cls == -1)
+        cuts = _cut(num_blocks[members], q_lens[members], kv_cost, q_cost * (0.5 if causal else 1.0))
+        for a, b in zip(cuts, [*cuts[1:], len(members)]):
+            groups.append((np.sort(members[a:b]), causal))
+    groups.sort(key=lambda g: int(g[0][0]))
+    return groups
+
+
+def _gather_blocks(
+    tables: np.ndarray,
+    order: np.ndarray,
+    seq_blocks: np.ndarray,
+    first_block: np.ndarray,
+    num_blocks: np.ndarray,
+    lens: np.ndarray,
+    block_size: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The blocks to gather: each sequence (in bucket ``order``) its ``seq_blocks`` blocks from its first reachable
+    one, padded with block 0; and how many leading slots of each hold a token of its sequence."""
+    rep = np.repeat(order, seq_blocks)
+    col = np.arange(len(rep)) - np.repeat(np.cumsum(seq_blocks) - seq_blocks, seq_blocks)
+    table_col = np.minimum(first_block[rep] + col, max(tables.shape[1] - 1, 0))
+    inside = col < num_blocks[rep]
+    block_index = np.where(inside, tables[rep, table_col] if len(rep) else 0, 0).astype(np.int64)
+    block_tokens = np.clip(lens[rep] - (first_block[rep] + col) * block_size, 0, block_size)
+    return block_index, block_tokens
+
+
+def _query_rows(
+    order: np.ndarray, seq_q: np.ndarray, q_lens: np.ndarray, qsl: np.ndarray, num_valid: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The query rows: each sequence (in bucket ``order``) its rows padded to ``seq_q`` by repeating its last row;
+    and each packed token's row among them."""
+    rep = np.repeat(order, seq_q)
+    row = np.arange(len(rep)) - np.repeat(np.cumsum(seq_q) - seq_q, seq_q)
+    valid = row < q_lens[rep]
+    query_index = qsl[rep] + np.minimum(row, q_lens[rep] - 1)
+    out_index = np.empty(num_valid, dtype=np.int64)
+    out_index[query_index[valid]] = np.nonzero(valid)[0]
+    return query_index, out_index
+
+
+def _buckets(
+    groups: list[Group],
+    sizes: np.ndarray,
+    bucket_q: np.ndarray,
+    bucket_blocks: np.ndarray,
+    mask_inputs: tuple[np.ndarray, np.ndarray, np.ndarray],
+    block_size: int,
+    sliding_window: int | None,
+) -> list[AttentionBucket]:
+    """One :class:`AttentionBucket` per group; ``mask_inputs`` are the key starts, query positions and lengths of
+    the sequences in bucket order."""
+    key_start, query_pos, seq_len = mask_inputs
+    q_starts = np.cumsum(sizes * bucket_q) - sizes * bucket_q
+    kv_starts = np.cumsum(sizes * bucket_blocks) - sizes * bucket_blocks
+    seq_starts = np.cumsum(sizes) - sizes
+    buckets = []
+    for i, (_, causal) in enumerate(groups):
+        span = slice(int(seq_starts[i]), int(seq_starts[i] + sizes[i]))
+        buckets.append(
+            AttentionBucket(
+                num_seqs=int(sizes[i]),
+                q_len=int(bucket_q[i]),
+                num_blocks=int(bucket_blocks[i]),
+                q_start=int(q_starts[i]),
+                kv_start=int(kv_starts[i]),
+                causal=causal,
+                key_start=key_start[span],
+                query_pos=query_pos[span],
+                seq_lens=seq_len[span],
+                block_size=block_size,
+                sliding_window=sliding_window,
+            )
+        )
+    return buckets
+
+
 def plan_paged_attention_cpu(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
@@ -198,22 +292,9 @@ def plan_paged_attention_cpu(
         first_block = np.zeros_like(lens)
     num_blocks = -(-lens // block_size) - first_block
     fresh = (first_pos == 0) & (sliding_window is None)
-
-    # Class per sequence: its query length when short, else -1 (fresh prefill, causal) or -2 (masked).
-    classes = np.where(q_lens <= SHORT_QUERY_MAX, q_lens, np.where(fresh, -1, -2))
     kv_elems = 2 * num_kv_heads * head_dim * block_size * ELEMENT_S
     q_elems = 2 * num_heads * head_dim * block_size * ELEMENT_S
-
-    groups: list[tuple[np.ndarray, bool]] = []
-    active = q_lens > 0  # a sequence with no query tokens this step has nothing to attend
-    for cls in np.unique(classes[active]):
-        members = np.nonzero((classes == cls) & active)[0]
-        members = members[np.lexsort((-q_lens[members], -num_blocks[members]))]
-        causal = bool(cls == -1)
-        cuts = _cut(num_blocks[members], q_lens[members], kv_elems, q_elems * (0.5 if causal else 1.0))
-        for a, b in zip(cuts, [*cuts[1:], len(members)]):
-            groups.append((np.sort(members[a:b]), causal))
-    groups.sort(key=lambda g: int(g[0][0]))
+    groups = _group(q_lens, num_blocks, fresh, kv_elems, q_elems)
 
     # Every sequence in bucket order, with its bucket's padded block count and query length.
     order = np.concatenate([g[0] for g in groups]) if groups else np.zeros(0, dtype=np.int64)
@@ -225,44 +306,10 @@ def plan_paged_attention_cpu(
     np.maximum.at(bucket_q, bucket_of, q_lens[order])
     seq_blocks, seq_q = bucket_blocks[bucket_of], bucket_q[bucket_of]
 
-    # Blocks to gather: each sequence's blocks from its first reachable one, padded with block 0.
-    rep = np.repeat(order, seq_blocks)
-    col = np.arange(len(rep)) - np.repeat(np.cumsum(seq_blocks) - seq_blocks, seq_blocks)
-    table_col = np.minimum(first_block[rep] + col, max(tables.shape[1] - 1, 0))
-    inside = col < num_blocks[rep]
-    block_index = np.where(inside, tables[rep, table_col] if len(rep) else 0, 0).astype(np.int64)
-    block_tokens = np.clip(lens[rep] - (first_block[rep] + col) * block_size, 0, block_size)
-
-    # Query rows: each sequence's rows padded to its bucket's query length by repeating its last row.
-    rep = np.repeat(order, seq_q)
-    row = np.arange(len(rep)) - np.repeat(np.cumsum(seq_q) - seq_q, seq_q)
-    valid = row < q_lens[rep]
-    query_index = qsl[rep] + np.minimum(row, q_lens[rep] - 1)
-    out_index = np.empty(num_valid, dtype=np.int64)
-    out_index[query_index[valid]] = np.nonzero(valid)[0]
-
-    q_starts = np.cumsum(sizes * bucket_q) - sizes * bucket_q
-    kv_starts = np.cumsum(sizes * bucket_blocks) - sizes * bucket_blocks
-    seq_starts = np.cumsum(sizes) - sizes
-    key_start, query_pos, seq_len = first_block[order] * block_size, first_pos[order], lens[order]
-    buckets = []
-    for i, (_, causal) in enumerate(groups):
-        span = slice(int(seq_starts[i]), int(seq_starts[i] + sizes[i]))
-        buckets.append(
-            AttentionBucket(
-                num_seqs=int(sizes[i]),
-                q_len=int(bucket_q[i]),
-                num_blocks=int(bucket_blocks[i]),
-                q_start=int(q_starts[i]),
-                kv_start=int(kv_starts[i]),
-                causal=causal,
-                key_start=key_start[span],
-                query_pos=query_pos[span],
-                seq_lens=seq_len[span],
-                block_size=block_size,
-                sliding_window=sliding_window,
-            )
-        )
+    block_index, block_tokens = _gather_blocks(tables, order, seq_blocks, first_block, num_blocks, lens, block_size)
+    query_index, out_index = _query_rows(order, seq_q, q_lens, qsl, num_valid)
+    mask_inputs = first_block[order] * block_size, first_pos[order], lens[order]
+    buckets = _buckets(groups, sizes, bucket_q, bucket_blocks, mask_inputs, block_size, sliding_window)
     num_rows = int((sizes * bucket_q).sum())
 
     identity = num_rows == num_valid and bool((query_index == np.arange(num_valid)).all())

@@ -114,45 +114,72 @@ def _find_seq(query_start_loc_ptr, q_block_id, num_seqs, BLOCK_Q: tl.constexpr):
     return lo - 1
 
 
+@triton.jit
+def _window_start(first_pos, sliding_window, TILE_N: tl.constexpr, USE_WINDOW: tl.constexpr):
+    """``(kv_start, kv_lo)`` for query rows from position ``first_pos`` on: keys before ``kv_lo`` are outside every
+    row's window, and the key loop starts at ``kv_start``, the tile that holds ``kv_lo`` (both 0 without a window)."""
+    kv_start = 0
+    kv_lo = 0
+    if USE_WINDOW:
+        kv_lo = tl.maximum(first_pos - sliding_window + 1, 0)
+        kv_start = (kv_lo // TILE_N) * TILE_N
+    return kv_start, kv_lo
+
+
+@triton.jit
+def _tile_qk(q, k_head, blk, in_blk, offs_d, n_ok, d_ok, stride_kb, stride_ko, stride_kd, IS_FP32: tl.constexpr):
+    """``q @ k`` ``[BLOCK_M, TILE_N]``, unscaled and unmasked, for one tile of keys whose cache slots are ``blk``
+    (physical block) and ``in_blk`` (offset in it)."""
+    k = tl.load(
+        k_head + blk[None, :] * stride_kb + in_blk[None, :] * stride_ko + offs_d[:, None] * stride_kd,
+        mask=d_ok[:, None] & n_ok[None, :],
+        other=0.0,
+    )
+    if IS_FP32:
+        s = tl.dot(q.to(tl.float32), k.to(tl.float32), input_precision="ieee")
+    else:
+        s = tl.dot(q, k)
+    return s
+
+
+@triton.jit
+def _visible(row_ok, n_ok, offs_n, q_pos, sliding_window, USE_WINDOW: tl.constexpr):
+    """Which keys of the tile each query row sees: its own and earlier positions, within the window if any."""
+    ok = row_ok[:, None] & n_ok[None, :] & (offs_n[None, :] <= q_pos[:, None])
+    if USE_WINDOW:
+        ok = ok & (offs_n[None, :] > q_pos[:, None] - sliding_window)
+    return ok
+
+
+@triton.jit
+def _tile_pv(p, v_head, blk, in_blk, offs_d, n_ok, d_ok, stride_vb, stride_vo, stride_vd, IS_FP32: tl.constexpr):
+    """``p @ v`` for one tile of values: ``p`` ``[BLOCK_M, TILE_N]`` the tile's float32 softmax numerators."""
+    v = tl.load(
+        v_head + blk[:, None] * stride_vb + in_blk[:, None] * stride_vo + offs_d[None, :] * stride_vd,
+        mask=n_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )
+    if IS_FP32:
+        pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)
+    return pv
+
+
+# The 36 parameters are grouped by tensor (hence fmt: skip); one per line they would be half the kernel's length.
 @triton.jit(do_not_specialize=["num_seqs"])  # a new batch size must not compile a new kernel
 def _paged_attention_kernel(
-    q_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    out_ptr,
-    block_tables_ptr,
-    seq_lens_ptr,
-    query_start_loc_ptr,
-    num_seqs,
-    scale,
-    softcap,
-    sliding_window,
-    stride_qt,
-    stride_qh,
-    stride_qd,
-    stride_ot,
-    stride_oh,
-    stride_od,
-    stride_kb,
-    stride_ko,
-    stride_kh,
-    stride_kd,
-    stride_vb,
-    stride_vo,
-    stride_vh,
-    stride_vd,
-    stride_bt,
-    BLOCK_SIZE: tl.constexpr,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    HEAD_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_Q: tl.constexpr,
-    TILE_N: tl.constexpr,
-    USE_SOFTCAP: tl.constexpr,
-    USE_WINDOW: tl.constexpr,
-    IS_FP32: tl.constexpr,
-):
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, num_seqs,
+    scale, softcap, sliding_window,
+    stride_qt, stride_qh, stride_qd,  # query [num_tokens, num_heads, head_dim]
+    stride_ot, stride_oh, stride_od,  # out, as query
+    stride_kb, stride_ko, stride_kh, stride_kd,  # key cache [num_blocks, block_size, num_kv_heads, head_dim]
+    stride_vb, stride_vo, stride_vh, stride_vd,  # value cache, as key cache
+    stride_bt,  # block tables [num_seqs, max_blocks_per_seq]
+    BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr, USE_WINDOW: tl.constexpr, IS_FP32: tl.constexpr,
+):  # fmt: skip
     q_block_id = tl.program_id(0)
     kv_head = tl.program_id(1)
     seq = _find_seq(query_start_loc_ptr, q_block_id, num_seqs, BLOCK_Q)
@@ -187,11 +214,7 @@ def _paged_attention_kernel(
     kv_end = ctx_len + tl.minimum((q_block + 1) * BLOCK_Q, q_len)
     # With a window, keys before the block's first row's window (kv_lo) are hidden from every row, and may sit in
     # blocks the KV-cache manager swapped for the null block: they are not loaded (a zero weight times NaN is NaN).
-    kv_start = 0
-    kv_lo = 0
-    if USE_WINDOW:
-        kv_lo = tl.maximum(ctx_len + q_block * BLOCK_Q - sliding_window + 1, 0)
-        kv_start = (kv_lo // TILE_N) * TILE_N
+    kv_start, kv_lo = _window_start(ctx_len + q_block * BLOCK_Q, sliding_window, TILE_N, USE_WINDOW)
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
     k_head = k_cache_ptr + kv_head * stride_kh
     v_head = v_cache_ptr + kv_head * stride_vh
@@ -201,23 +224,11 @@ def _paged_attention_kernel(
         n_ok = (offs_n < kv_end) & (offs_n >= kv_lo)
         blk = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
         in_blk = offs_n % BLOCK_SIZE
-        k = tl.load(
-            k_head + blk[None, :] * stride_kb + in_blk[None, :] * stride_ko + offs_d[:, None] * stride_kd,
-            mask=d_ok[:, None] & n_ok[None, :],
-            other=0.0,
-        )
-        if IS_FP32:
-            s = tl.dot(q.to(tl.float32), k.to(tl.float32), input_precision="ieee")
-        else:
-            s = tl.dot(q, k)
-        s = s * scale
+        s = _tile_qk(q, k_head, blk, in_blk, offs_d, n_ok, d_ok, stride_kb, stride_ko, stride_kd, IS_FP32) * scale
         if USE_SOFTCAP:
             # tanh(x) = 1 - 2 / (exp(2x) + 1), saturating correctly at +-inf.
             s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * (s / softcap)) + 1.0))
-        ok = row_ok[:, None] & n_ok[None, :] & (offs_n[None, :] <= q_pos[:, None])
-        if USE_WINDOW:
-            ok = ok & (offs_n[None, :] > q_pos[:, None] - sliding_window)
-        s = tl.where(ok, s, float("-inf"))
+        s = tl.where(_visible(row_ok, n_ok, offs_n, q_pos, sliding_window, USE_WINDOW), s, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -225,15 +236,7 @@ def _paged_attention_kernel(
         alpha = tl.exp(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
 
-        v = tl.load(
-            v_head + blk[:, None] * stride_vb + in_blk[:, None] * stride_vo + offs_d[None, :] * stride_vd,
-            mask=n_ok[:, None] & d_ok[None, :],
-            other=0.0,
-        )
-        if IS_FP32:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
+        pv = _tile_pv(p, v_head, blk, in_blk, offs_d, n_ok, d_ok, stride_vb, stride_vo, stride_vd, IS_FP32)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
 

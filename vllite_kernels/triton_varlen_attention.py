@@ -21,6 +21,56 @@ __all__ = ["varlen_attention_triton"]
 
 
 @triton.jit
+def _tile_scores(
+    q,
+    k_head,
+    kv_rows,
+    offs_n,
+    offs_m,
+    offs_d,
+    n_ok,
+    d_ok,
+    qk_scale,
+    stride_kt,
+    stride_kd,
+    CAUSAL: tl.constexpr,
+    IS_FP32: tl.constexpr,
+):
+    """The scores ``[BLOCK_M, BLOCK_N]`` of the query rows against one tile of keys, ``-inf`` where hidden."""
+    k = tl.load(
+        k_head + kv_rows[None, :] * stride_kt + offs_d[:, None] * stride_kd,
+        mask=d_ok[:, None] & n_ok[None, :],
+        other=0.0,
+    )
+    if IS_FP32:
+        s = tl.dot(q, k, input_precision="ieee")
+    else:
+        s = tl.dot(q, k)
+    # Scores in log2 units (qk_scale carries log2(e)), so the softmax uses exp2.
+    s = s * qk_scale
+    ok = n_ok[None, :]
+    if CAUSAL:
+        ok = ok & (offs_n[None, :] <= offs_m[:, None])
+    s = tl.where(ok, s, float("-inf"))
+    return s
+
+
+@triton.jit
+def _tile_values(p, v_head, kv_rows, offs_d, n_ok, d_ok, stride_vt, stride_vd, IS_FP32: tl.constexpr):
+    """``p @ v`` for one tile of values: ``p`` ``[BLOCK_M, BLOCK_N]`` the tile's float32 softmax numerators."""
+    v = tl.load(
+        v_head + kv_rows[:, None] * stride_vt + offs_d[None, :] * stride_vd,
+        mask=n_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )
+    if IS_FP32:
+        pv = tl.dot(p, v, input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)
+    return pv
+
+
+@triton.jit
 def _varlen_attention_kernel(
     q_ptr,
     k_ptr,
@@ -81,22 +131,9 @@ def _varlen_attention_kernel(
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < kv_end
         kv_rows = (start + offs_n).to(tl.int64)
-        k = tl.load(
-            k_head + kv_rows[None, :] * stride_kt + offs_d[:, None] * stride_kd,
-            mask=d_ok[:, None] & n_ok[None, :],
-            other=0.0,
+        s = _tile_scores(
+            q, k_head, kv_rows, offs_n, offs_m, offs_d, n_ok, d_ok, qk_scale, stride_kt, stride_kd, CAUSAL, IS_FP32
         )
-        if IS_FP32:
-            s = tl.dot(q, k, input_precision="ieee")
-        else:
-            s = tl.dot(q, k)
-        # Scores in log2 units (qk_scale carries log2(e)), so the softmax uses exp2.
-        s = s * qk_scale
-        ok = n_ok[None, :]
-        if CAUSAL:
-            ok = ok & (offs_n[None, :] <= offs_m[:, None])
-        s = tl.where(ok, s, float("-inf"))
-
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # Every row sees key 0 in the first tile, so this only guards against exp2(-inf - -inf) = NaN.
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -104,15 +141,7 @@ def _varlen_attention_kernel(
         alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
 
-        v = tl.load(
-            v_head + kv_rows[:, None] * stride_vt + offs_d[None, :] * stride_vd,
-            mask=n_ok[:, None] & d_ok[None, :],
-            other=0.0,
-        )
-        if IS_FP32:
-            pv = tl.dot(p, v, input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
+        pv = _tile_values(p, v_head, kv_rows, offs_d, n_ok, d_ok, stride_vt, stride_vd, IS_FP32)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
 

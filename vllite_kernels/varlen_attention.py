@@ -70,7 +70,7 @@ def varlen_attention(
     if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 1:
         raise ValueError(f"cu_seqlens must be [num_seqs + 1]; got shape {tuple(cu_seqlens.shape)}")
 
-    from vllite.kernels import use_triton
+    from vllite.kernels.dispatch import use_triton
 
     if use_triton(query):
         from vllite.kernels.triton_varlen_attention import varlen_attention_triton

@@ -15,13 +15,13 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
+from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
 from vllite.config import EngineConfig, executor_name
 from vllite.engine.request_checks import check_request
-from vllite.engine.step_log import StepLog
 from vllite.exceptions import VlliteError
 from vllite.lora import LoRARequest
 from vllite.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, EngineInfo, FinishReason
@@ -47,6 +47,13 @@ def resolve_executor_class(config: EngineConfig) -> type:
     if name not in get_registry("executors") and name == "default":
         return resolve_component("executors", "default")
     return resolve_component("executors", name)
+
+
+def make_step_wrappers(config: EngineConfig, scheduler: Any) -> list[Any]:
+    """One of each registered step wrapper (hook ``vllite_register_step_wrappers``) for an engine core."""
+    from vllite.plugin_manager import get_registry
+
+    return [wrapper_class(config, scheduler) for wrapper_class in get_registry("step_wrappers").values()]
 
 
 def check_sleep_mode(config: EngineConfig, method: str, level: int = 1, tags: list[str] | None = None) -> None:
@@ -111,7 +118,8 @@ class EngineCore:
         )
         self._executor_pool: ThreadPoolExecutor | None = None
         self.step_fn = self.step if self.batch_queue is None else self.step_with_batch_queue
-        self.step_log = StepLog(self.config, self.scheduler)  # a failed step's dump; --enable-logging-iteration-details
+        # Entered around each step's execution (hook vllite_register_step_wrappers; builtin: the failed step's dump).
+        self.step_wrappers = make_step_wrappers(self.config, self.scheduler)
         # The start-up heap (modules, weights, the KV cache's bookkeeping) never becomes garbage: frozen, the
         # collector stops walking it, and a full collection during serving takes milliseconds, not 100-200 ms.
         gc.collect()
@@ -225,7 +233,9 @@ class EngineCore:
     # ------------------------------------------------------------------ stepping
     def _execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         # Called even for an empty step: the executor must still drop finished and preempted requests.
-        with self.step_log.around(scheduler_output):
+        with ExitStack() as wrapped:
+            for wrapper in self.step_wrappers:
+                wrapped.enter_context(wrapper.around(scheduler_output))
             return self.model_executor.execute_model(scheduler_output)
 
     def _after_execute(self, model_output: ModelRunnerOutput) -> None:
@@ -282,20 +292,22 @@ class EngineCore:
         return self._end_step(outputs), model_executed
 
     def _make_kv_event_publisher(self) -> Any:
-        """The KV-cache event publisher (``--kv-events-config``), with the block pool recording; ``None`` if off."""
-        from vllite.kv_events import make_publisher
+        """The KV-cache event publisher ``--kv-events-config`` names (a plugin: hook
+        ``vllite_register_kv_event_publishers``), with the block pool recording; ``None`` if off."""
+        from vllite.plugin_manager import resolve_component
 
-        config = self.config
+        events_config = self.config.kv_events_config
         manager = getattr(self.scheduler, "kv_cache_manager", None)
-        if config.kv_events_config is None or not config.kv_events_config.enabled:
+        if events_config is None or not events_config.enabled:
             return None
         if manager is None:
             raise ValueError(
                 f"kv_events_config: the scheduler {type(self.scheduler).__name__} has no KV cache manager."
             )
-        publisher = make_publisher(config.kv_events_config, config.parallel_config.data_parallel_rank)
+        publisher_class = resolve_component("kv_event_publishers", events_config.publisher)
+        publisher = publisher_class(events_config, self.config.parallel_config.data_parallel_rank)
         self._kv_event_pool = manager.block_pool
-        self._kv_event_pool.enable_kv_cache_events(config.cache_config.block_size)
+        self._kv_event_pool.enable_kv_cache_events(self.config.cache_config.block_size)
         return publisher
 
     def _publish_kv_events(self) -> None:

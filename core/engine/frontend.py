@@ -39,13 +39,17 @@ GENERATION_CONFIG_SAMPLING_FIELDS = {
 
 
 def load_frontend_parts(config: EngineConfig) -> tuple[Any, list[type]]:
-    """The tokenizer and the logits-processor classes, loaded before an engine starts: a broken plugin or a
-    model folder without a tokenizer fails here, before a process is spawned."""
+    """The tokenizer and the logits-processor classes, loaded before an engine starts: a scheduler setting the
+    scheduler cannot serve, a broken plugin or a model folder without a tokenizer fails here, before a process is
+    spawned."""
     from vllite.engine.tokenizer import get_tokenizer
     from vllite.exceptions import ModelLoadError
     from vllite.logits_processor import load_logitsprocs_classes
     from vllite.model_files import check_model_folder
+    from vllite.sched.async_scheduler import check_async_scheduling
 
+    if config.scheduler_config.async_scheduling:
+        check_async_scheduling(config)  # the scheduler's own check, before anything loads
     model_config = config.model_config
     if model_config.skip_tokenizer_init:
         return None, load_logitsprocs_classes(config)

@@ -7,12 +7,11 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
-from vllite.config import EngineArgs
-from vllite.engine.beam_search import BeamSearchOutput
 from vllite.engine.input_processor import PromptType
 from vllite.engine.llm_pooling import LLMPoolingAPI
+from vllite.engine_args import EngineArgs
 from vllite.lora import LoRARequest
-from vllite.outputs import RequestOutput
+from vllite.outputs import BeamSearchOutput, RequestOutput
 from vllite.pooling_params import PoolingParams
 from vllite.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
@@ -114,43 +113,13 @@ class LLM(LLMPoolingAPI):
         use_tqdm: bool = False,
     ) -> list[BeamSearchOutput]:
         """Beam search over each prompt (vLLM's API): a loop of one-token engine requests, one per live beam per
-        step (:mod:`vllite.engine.beam_search`). Returns one ``BeamSearchOutput`` per prompt, its ``sequences`` best
-        first, each with ``tokens`` (prompt and generated), ``cum_logprob``, ``logprobs`` and ``text`` (the whole
-        sequence decoded). ``use_tqdm`` is accepted for vLLM's signature; there is no progress bar."""
-        from vllite.engine.beam_search import BeamSearch, eos_token_ids
+        step (the ``beam_search`` plugin, :mod:`vllite.plugins.beam_search`). Returns one ``BeamSearchOutput`` per
+        prompt, its ``sequences`` best first, each with ``tokens`` (prompt and generated), ``cum_logprob``,
+        ``logprobs`` and ``text`` (the whole sequence decoded). ``use_tqdm`` is accepted for vLLM's signature; there
+        is no progress bar."""
+        from vllite.plugins.beam_search.offline import beam_search
 
-        processor = self.llm_engine.input_processor
-        token_prompts = [self._prompt_token_ids(prompt) for prompt in prompts]
-        search = BeamSearch(
-            token_prompts,
-            params,
-            eos_token_ids(processor),
-            max_model_len=self.model_config.max_model_len,
-            lora_request=lora_request,
-        )
-        step = search.step_params()
-        while not search.done:
-            beams = search.live_beams()
-            outputs = self.generate(
-                [{"prompt_token_ids": beam.tokens} for beam in beams], step, use_tqdm=False, lora_request=lora_request
-            )
-            search.advance([_first_logprobs(output) for output in outputs])
-        return search.outputs(self.get_tokenizer(), whole_text=True)
-
-    def _prompt_token_ids(self, prompt: PromptType) -> list[int]:
-        """A prompt's token ids: a text tokenized as the engine tokenizes it, ``{"prompt_token_ids": ...}`` or a
-        list of ids as given."""
-        if isinstance(prompt, dict) and prompt.get("prompt_token_ids") is not None:
-            return [int(t) for t in prompt["prompt_token_ids"]]
-        text = prompt.get("prompt") if isinstance(prompt, dict) else prompt
-        if isinstance(text, str):
-            tokenizer = self.get_tokenizer()
-            if tokenizer is None:
-                raise ValueError("Text prompts need a tokenizer; this engine has none (skip_tokenizer_init).")
-            return [int(t) for t in tokenizer.encode(text)]
-        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-            return list(prompt)
-        raise TypeError(f"A beam-search prompt must be a text, a list of token ids or a dict; got {prompt!r}.")
+        return beam_search(self, prompts, params, lora_request=lora_request)
 
     def chat(
         self,
@@ -305,13 +274,3 @@ def _per_prompt(lora_request: LoRARequest | Sequence[LoRARequest | None] | None,
     if len(loras) != n:
         raise ValueError(f"The lengths of prompts ({n}) and lora_request ({len(loras)}) must be the same.")
     return loras
-
-
-def _first_logprobs(output: RequestOutput) -> dict[int, Any]:
-    """The top logprobs of a one-token beam-search step (empty when the engine generated nothing)."""
-    sample = output.outputs[0]
-    if sample.finish_reason == "error":
-        from vllite.exceptions import RequestFailedError
-
-        raise RequestFailedError(f"A beam-search step failed in the engine: {sample.error}")
-    return sample.logprobs[0] if sample.logprobs else {}

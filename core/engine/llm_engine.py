@@ -10,8 +10,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from vllite.config import EngineArgs, EngineConfig
+from vllite.config import EngineConfig
 from vllite.engine.input_processor import PromptType
+from vllite.engine_args import EngineArgs
 from vllite.lora import LoRARequest
 from vllite.outputs import RequestOutput
 from vllite.sampling_params import SamplingParams

@@ -1,5 +1,5 @@
-"""The frontend's side of pooling requests: building them, following them to their one output, and the inputs
-of scoring (cross-encoder pairs, cosine scores of embeddings).
+"""The frontend's side of pooling requests: building them and following them to their one output (the inputs of
+scoring, cross-encoder pairs and cosine scores, are the pooling plugin's: ``vllite.plugins.pooling.scoring``).
 
 A pooling request carries ``PoolingParams`` in place of ``SamplingParams``; its prompt may be a dict with
 ``token_type_ids`` (a cross-encoder pair), which travels as the index where the second text starts. Token tasks
@@ -9,9 +9,10 @@ A pooling request carries ``PoolingParams`` in place of ``SamplingParams``; its 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from vllite import deprecated_aliases
 from vllite.engine.request_checks import check_task
 from vllite.outputs import PoolingOutput, PoolingRequestOutput
 from vllite.pooling_params import PoolingParams
@@ -111,35 +112,5 @@ class PoolingRequestState:
         )
 
 
-def score_prompt(tokenizer: Any, text_1: str, text_2: str, max_length: int | None = None) -> dict[str, Any]:
-    """A cross-encoder's input for the pair: the tokenizer's pair encoding, with ``token_type_ids`` when the
-    tokenizer makes them (BERT-style); truncated to ``max_length`` tokens when given."""
-    kwargs: dict[str, Any] = {"truncation": True, "max_length": max_length} if max_length else {}
-    encoded = tokenizer(text_1, text_2, **kwargs)
-    prompt: dict[str, Any] = {"prompt_token_ids": list(encoded["input_ids"])}
-    if encoded.get("token_type_ids") is not None:
-        prompt["token_type_ids"] = list(encoded["token_type_ids"])
-    return prompt
-
-
-def pair_up(text_1: str | Sequence[str], text_2: str | Sequence[str]) -> list[tuple[str, str]]:
-    """vLLM's scoring pairs: one-to-one (equal lengths), one-to-many (one ``text_1``), ``ValueError`` otherwise."""
-    first = [text_1] if isinstance(text_1, str) else list(text_1)
-    second = [text_2] if isinstance(text_2, str) else list(text_2)
-    if not first or not second:
-        raise ValueError("score needs at least one text on each side.")
-    if len(first) == 1:
-        first = first * len(second)
-    if len(first) != len(second):
-        raise ValueError(f"text_1 has {len(first)} texts and text_2 {len(second)}; give one text_1, or as many.")
-    return list(zip(first, second, strict=True))
-
-
-def cosine_scores(embeddings_1: Sequence[Any], embeddings_2: Sequence[Any]) -> list[float]:
-    """The cosine similarity of each pair of embedding tensors (an embedding model's scores)."""
-    import torch
-
-    return [
-        float(torch.nn.functional.cosine_similarity(a, b, dim=0))
-        for a, b in zip(embeddings_1, embeddings_2, strict=True)
-    ]
+def __getattr__(name: str) -> object:
+    return deprecated_aliases.moved_attribute(__name__, name)  # the scoring helpers, now the pooling plugin's

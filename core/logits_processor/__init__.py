@@ -5,9 +5,9 @@
 - :class:`LogitsProcessors`: the engine's processors, split by argmax invariance.
 - :func:`process_dict_updates`: the standard sparse per-request state update.
 - :class:`AdapterLogitsProcessor`: per-request callables as a batch processor.
-- slot-interface support (vLLM's newer ``add_request`` / ``apply(logits, ctx)`` processors):
-  :class:`SlotLogitsProcessor`, :class:`LogitsContext`, :class:`LogitsProcRequestState`, and the staged
-  host/device buffers :class:`UvaBackedTensor` and :class:`StagedWriteTensor`.
+- vLLM's newer slot-based processors (``add_request`` / ``apply(logits, ctx)``) are loaded too: their interface,
+  the staged host/device buffers and the adapter onto ``BatchUpdate`` are the vLLM compatibility layer's
+  (``vllite.plugins.vllm_compat.slot_interface``, ``.buffers``, ``.slot_adapter``).
 - :func:`build_logitsprocs`, :func:`load_logitsprocs_classes`, :func:`validate_sampling_params`: loading.
 
 Importing this package does not import torch; the processors import it when they run.
@@ -15,8 +15,8 @@ Importing this package does not import torch; the processors import it when they
 
 from __future__ import annotations
 
+from vllite import deprecated_aliases
 from vllite.logits_processor.adapter import AdapterLogitsProcessor, RequestLogitsProcessor
-from vllite.logits_processor.buffers import StagedWriteTensor, UvaBackedTensor
 from vllite.logits_processor.builder import BatchUpdateBuilder
 from vllite.logits_processor.container import LogitsProcessors
 from vllite.logits_processor.interface import (
@@ -37,8 +37,6 @@ from vllite.logits_processor.loader import (
     load_logitsprocs_classes,
     validate_sampling_params,
 )
-from vllite.logits_processor.slot import SlotLogitsProcessorAdapter, adapt_slot_processor, is_slot_interface
-from vllite.logits_processor.slot_interface import LogitsContext, LogitsProcRequestState, SlotLogitsProcessor
 from vllite.logits_processor.state import process_dict_updates
 
 __all__ = [
@@ -49,24 +47,20 @@ __all__ = [
     "BatchUpdate",
     "BatchUpdateBuilder",
     "LoadedLogitsProcessor",
-    "LogitsContext",
-    "LogitsProcRequestState",
     "LogitsProcessor",
     "LogitsProcessors",
     "MoveDirectionality",
     "MovedRequest",
     "RemovedRequest",
     "RequestLogitsProcessor",
-    "SlotLogitsProcessor",
-    "SlotLogitsProcessorAdapter",
-    "StagedWriteTensor",
-    "UvaBackedTensor",
-    "adapt_slot_processor",
     "build_logitsprocs",
     "check_logitsproc_class",
-    "is_slot_interface",
     "load_logitsprocs",
     "load_logitsprocs_classes",
     "process_dict_updates",
     "validate_sampling_params",
 ]
+
+
+def __getattr__(name: str) -> object:
+    return deprecated_aliases.moved_attribute(__name__, name)  # the slot interface, now the vLLM compatibility layer's

@@ -12,8 +12,8 @@ hook-registered class: the registered name, the plugin whose hook registered it 
 built container keeps each processor's origin, so a processor that raises while the engine runs is named with it.
 
 A class satisfies the interface by shape, not by ancestry, so a subclass of vLLM's own ``LogitsProcessor``
-loads without vLLM being imported here. Classes of vLLM's newer slot-based interface are adapted
-(:mod:`vllite.logits_processor.slot`).
+loads without vLLM being imported here. Classes of vLLM's newer slot-based interface are adapted by the vLLM
+compatibility layer (:mod:`vllite.plugins.vllm_compat.slot_adapter`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 from vllite.exceptions import PluginLoadError
 from vllite.logits_processor.container import LogitsProcessors
 from vllite.logits_processor.interface import LogitsProcessor
-from vllite.logits_processor.slot import adapt_slot_processor, is_slot_interface
 from vllite.logits_processor.sources import (
     LOGITSPROCS_GROUP as LOGITSPROCS_GROUP,
 )
@@ -90,6 +89,8 @@ def check_logitsproc_class(
             plugin=plugin,
             distribution=distribution,
         )
+    from vllite.plugins.vllm_compat.slot_adapter import adapt_slot_processor, is_slot_interface
+
     if is_slot_interface(obj):
         if not _constructor_accepts(obj, 2):
             raise PluginLoadError(

@@ -34,7 +34,9 @@ if TYPE_CHECKING:
 def check_async_scheduling(config: EngineConfig) -> None:
     """``ValueError`` naming both flags for what async scheduling cannot serve yet: speculative decoding (drafts
     are proposed from the previous step's tokens) and a KV connector (its per-step metadata assumes known
-    tokens). Structured outputs are served: constrained requests simply wait for their tokens."""
+    tokens). Structured outputs are served: constrained requests simply wait for their tokens. Called when an
+    engine is created, before anything loads (``vllite.engine.frontend.load_frontend_parts``), and by
+    :func:`create_async_scheduler`."""
     if config.speculative_config is not None:
         raise ValueError("--async-scheduling cannot be combined with --speculative-config yet: turn one of them off.")
     if config.kv_transfer_config is not None:

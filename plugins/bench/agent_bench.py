@@ -14,8 +14,8 @@ Each turn's prompt is the job's history (earlier prompts and the outputs the eng
 turn's new tokens, so prefix caching sees what it would see in an agent; output lengths are forced with
 ``max_tokens`` and ``ignore_eos``. Requests carry ``extra_args`` ``{job_id, is_last_step, this_func_call}``, what
 the Continuum scheduler reads. Sweeps, results and the report (``run_sweep``, ``RunResult``, ``write_report``,
-...) live in :mod:`vllite.plugins.bench.agent_report`; they are re-exported here, so imports from this module still
-work.
+...) live in :mod:`vllite.plugins.bench.agent_report`; read from this module they still work one release, with a
+``DeprecationWarning``.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
+from vllite import deprecated_aliases
 from vllite.exceptions import BenchReplayError
 from vllite.plugins.bench.traces import Job
 from vllite.sampling_params import SamplingParams
@@ -401,20 +402,6 @@ def replay(
     return run.results(start)
 
 
-# ---------------------------------------------------------------------------------------------- re-exports
-#: Public names that live in :mod:`vllite.plugins.bench.agent_report` (which imports this module), loaded on first use.
-_REPORT_NAMES = (
-    "percentile", "RunResult", "run_one", "BenchSettings", "make_sim_config", "make_real_args", "run_sweep",
-    "REPORT_FIELDS", "speedups", "write_report", "plot_jct",
-)  # fmt: skip
-
-
 def __getattr__(name: str) -> Any:
-    """Re-exports the sweep and report names from :mod:`vllite.plugins.bench.agent_report`."""
-    if name not in _REPORT_NAMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from vllite.plugins.bench import agent_report
-
-    value = getattr(agent_report, name)
-    globals()[name] = value
-    return value
+    # The sweep and report names moved to agent_report (which imports this module): they keep working one release.
+    return deprecated_aliases.moved_attribute(__name__, name)

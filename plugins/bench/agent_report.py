@@ -163,7 +163,7 @@ class BenchSettings:
 
 def _engine_args(settings: BenchSettings, scheduler: str, max_model_len: int, **engine: Any) -> Any:
     """The ``EngineArgs`` every run shares (shape, KV budget, scheduler, seed), plus the backend's ``engine``."""
-    from vllite.config import EngineArgs
+    from vllite.engine_args import EngineArgs
 
     args = EngineArgs(
         block_size=settings.block_size,

@@ -173,7 +173,7 @@ class ServeBench:
         add_bench_arguments(parser)
 
     def run(self, args: argparse.Namespace) -> int:
-        from vllite.plugins.bench.serve_config import run_bench_command
+        from vllite.plugins.bench.serve import run_bench_command
 
         return run_bench_command(args)
 

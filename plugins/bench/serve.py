@@ -14,6 +14,7 @@ Python API: :func:`bench_serve` (``ServeBenchConfig`` in, the figures as a dict 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import math
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllite.exceptions import ServeBenchError
 from vllite.plugins.bench.serve_client import RequestResult, stream_request
-from vllite.plugins.bench.serve_config import ServeBenchConfig
+from vllite.plugins.bench.serve_config import ServeBenchConfig, config_from_args
 from vllite.plugins.bench.serve_metrics import format_table, summarize
 from vllite.plugins.bench.serve_requests import BenchRequest, JsonlDataset, RandomDataset, iter_arrivals
 
@@ -241,3 +242,9 @@ def save_result(result: dict[str, Any], config: ServeBenchConfig) -> Path:
             values["request_rate"] = "inf"
     path.write_text(json.dumps(payload, indent=2, default=str), encoding="utf-8")
     return path
+
+
+def run_bench_command(args: argparse.Namespace) -> int:
+    """``vllite bench serve``: runs, prints the table, saves if asked; exit 1 when no request succeeded."""
+    result = bench_serve(config_from_args(args))
+    return 0 if result["completed"] else 1

@@ -104,11 +104,3 @@ def config_from_args(args: argparse.Namespace) -> ServeBenchConfig:
     elif not isinstance(values["extra_body"], dict):
         raise ValueError("--extra-body must be a JSON object.")
     return ServeBenchConfig(**values)
-
-
-def run_bench_command(args: argparse.Namespace) -> int:
-    """``vllite bench serve``: runs, prints the table, saves if asked; exit 1 when no request succeeded."""
-    from vllite.plugins.bench.serve import bench_serve
-
-    result = bench_serve(config_from_args(args))
-    return 0 if result["completed"] else 1

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from vllite.config import EngineArgs
+    from vllite.engine_args import EngineArgs
 
 _SCALE_OUT = "for scale-out use -dp N (--data-parallel-size)"
 _LORA = (

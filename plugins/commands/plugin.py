@@ -11,12 +11,19 @@ from vllite.engine.tokenizer import load_chat_template
 from vllite.hookspecs import hookimpl
 from vllite.plugins.commands.engine_flags import add_vllm_only_flags, check_engine_args
 
+BUILTINS_NOTE = (
+    "Builtins: an essential one always loads; a default one turns off by its short name "
+    "(VLLITE_PLUGINS=-NAME or VLLITE_DISABLED_PLUGINS=NAME)."
+)
+
 
 class PluginsCommand:
     """``vllite plugins``: every loaded plugin, its distribution and entry-point group, the hooks it implements and
-    what it registers, then the logits-processor entry points of the ``vllm.logits_processors`` /
-    ``vllite.logits_processors`` groups (distribution, entry point, class), filtered by ``VLLITE_PLUGINS`` /
-    ``VLLITE_DISABLED_PLUGINS`` / ``VLLITE_DISABLE_PLUGIN_AUTOLOAD`` exactly as the engine filters them.
+    what it registers (a builtin marked ``essential`` or ``default`` with its short name; a default one the
+    environment turned off is listed as ``DISABLED``), then the logits-processor entry points of the
+    ``vllm.logits_processors`` / ``vllite.logits_processors`` groups (distribution, entry point, class), filtered by
+    ``VLLITE_PLUGINS`` / ``VLLITE_DISABLED_PLUGINS`` / ``VLLITE_DISABLE_PLUGIN_AUTOLOAD`` exactly as the engine
+    filters them.
 
     The listing imports no component registered by class path and no logits-processor entry point (so it is quick
     and imports no torch); what it can see is broken — a plugin that fails to import, a duplicate name — is marked
@@ -59,6 +66,7 @@ class PluginsCommand:
         elif not args.json:
             if broken:
                 print(f"{len(broken)} broken: the engine will not start while they load{hint}.")
+            print(BUILTINS_NOTE)
             print("Listed without importing the components; `vllite plugins --check` imports and checks each one.")
         return 0
 
@@ -66,8 +74,13 @@ class PluginsCommand:
 def _print_plugin_rows(rows: list[Any]) -> None:
     for row in rows:
         group = f"  (group {row.group})" if row.group else ""
-        print(f"{row.name}  [{row.distribution}]{group}")
-        if row.entry_point is not None:
+        builtin = f"  {row.builtin}" if row.builtin else ""
+        if row.builtin and row.short_name:
+            builtin += f" {row.short_name!r}"
+        print(f"{row.name}  [{row.distribution}]{group}{builtin}")
+        if row.status == "disabled":
+            print(f"    DISABLED: VLLITE_PLUGINS / VLLITE_DISABLED_PLUGINS deny {row.short_name!r}")
+        elif row.entry_point is not None:
             print(f"    entry point: {row.entry_point}")
             if row.cls:
                 print(f"    class: {row.cls}")
@@ -80,7 +93,7 @@ def _print_plugin_rows(rows: list[Any]) -> None:
 
 
 def _add_generation_arguments(parser: argparse.ArgumentParser) -> None:
-    from vllite.config import EngineArgs
+    from vllite.engine_args import EngineArgs
 
     model_default = "default: the model's generation_config.json, else %s"
     parser.add_argument("--max-tokens", type=int, default=None, help=model_default % "64" + ".")
@@ -93,8 +106,8 @@ def _add_generation_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _make_llm(args: argparse.Namespace) -> Any:
-    from vllite.config import EngineArgs
     from vllite.engine.llm import LLM
+    from vllite.engine_args import EngineArgs
 
     engine_args = EngineArgs.from_cli_args(args)
     check_engine_args(engine_args)  # a mistake that needs no model fails in a second, before the engine starts

@@ -23,12 +23,18 @@ if TYPE_CHECKING:
 
 Mark = Callable[[str | None, str], None]
 
+#: The distribution column of a builtin (and of a plugin registered at run time).
+BUILTIN_DISTRIBUTION = "vllite (builtin)"
+
 
 @dataclass
 class PluginRow:
     """One line of the report. ``errors`` holds the ``PluginLoadError`` messages of everything broken in it (empty:
-    it loads); ``disable_name`` is the entry-point name that ``VLLITE_DISABLED_PLUGINS`` takes to turn it off
-    (``None`` for builtins)."""
+    it loads); ``disable_name`` is the name that ``VLLITE_DISABLED_PLUGINS`` takes to turn it off (an entry point's
+    name, a default builtin's short name; ``None`` for an essential builtin). A builtin's ``builtin`` is
+    ``"essential"`` or ``"default"`` (``None``: not a builtin) and ``short_name`` its name in
+    ``vllite.plugin_manager.ESSENTIAL_PLUGINS`` / ``DEFAULT_PLUGINS``; ``status`` is ``"loaded"``, or ``"disabled"``
+    for a default builtin the environment turned off."""
 
     name: str
     distribution: str
@@ -39,6 +45,9 @@ class PluginRow:
     cls: str | None = None
     errors: list[str] = field(default_factory=list)
     disable_name: str | None = None
+    builtin: str | None = None
+    short_name: str | None = None
+    status: str = "loaded"
 
     @property
     def broken(self) -> bool:
@@ -66,16 +75,7 @@ def hook_plugin_rows(check: bool = False) -> list[PluginRow]:
     from vllite.plugin_manager import COMPONENT_KINDS, get_plugin_manager
 
     manager = get_plugin_manager()
-    rows: dict[str, PluginRow] = {}
-    for name, plugin in manager.pm.list_name_plugin():
-        info = manager.entry_points.get(name)
-        rows[name] = PluginRow(
-            name=name,
-            distribution=f"{info.dist_name} {info.dist_version}" if info else "vllite (builtin)",
-            group=info.group if info else None,
-            hooks=sorted(caller.name for caller in manager.pm.get_hookcallers(plugin) or []),
-            disable_name=name if info else None,
-        )
+    rows = _plugin_rows(manager)
 
     def mark(plugin: str | None, message: str) -> None:
         row = rows.get(plugin or "")
@@ -107,6 +107,34 @@ def hook_plugin_rows(check: bool = False) -> list[PluginRow]:
     return list(rows.values())
 
 
+def _plugin_rows(manager: PluginManager) -> dict[str, PluginRow]:
+    """One row per builtin (in their order, the disabled ones too: marked so, with nothing registered), then one per
+    other plugin: the ``vllite`` entry points and plugins registered at run time."""
+    rows: dict[str, PluginRow] = {}
+    for plugin in manager.builtins:
+        rows[plugin.module] = PluginRow(
+            name=plugin.module,
+            distribution=BUILTIN_DISTRIBUTION,
+            group=None,
+            disable_name=None if plugin.essential else plugin.short_name,
+            builtin=plugin.kind,
+            short_name=plugin.short_name,
+            status="disabled" if plugin.disabled else "loaded",
+        )
+    for name, obj in manager.pm.list_name_plugin():
+        info = manager.entry_points.get(name)
+        row = rows.get(name)
+        if row is None:
+            row = rows[name] = PluginRow(
+                name=name,
+                distribution=f"{info.dist_name} {info.dist_version}" if info else BUILTIN_DISTRIBUTION,
+                group=info.group if info else None,
+                disable_name=name if info else None,
+            )
+        row.hooks = sorted(caller.name for caller in manager.pm.get_hookcallers(obj) or [])
+    return rows
+
+
 def _check_registered_logitsprocs(manager: PluginManager, registered: list[Component], mark: Mark) -> None:
     from vllite.logits_processor.loader import check_source
     from vllite.logits_processor.sources import hook_sources
@@ -131,8 +159,8 @@ def logits_processor_rows(check: bool = False) -> list[PluginRow]:
     and checked as the engine's loader does, and a broken one carries the ``PluginLoadError`` start-up would
     raise."""
     from vllite.logits_processor.loader import check_logitsproc_class
-    from vllite.logits_processor.slot import is_slot_interface
     from vllite.logits_processor.sources import entry_point_sources
+    from vllite.plugins.vllm_compat.slot_adapter import is_slot_interface
 
     rows = []
     for source in entry_point_sources():

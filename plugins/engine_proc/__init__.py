@@ -3,7 +3,7 @@ threads over ZMQ and msgpack), the ``mp`` / ``async_mp`` clients that talk to it
 
 Registered by ``plugin`` as the engine clients ``mp`` and ``async_mp`` (imported lazily, so loading the plugin
 imports neither zmq nor torch). Layering: imports the kernel (``vllite.engine``, ``vllite.protocol``,
-``vllite.config``, ...), zmq, its own wire encoding (``serial``) and, to place the threads of the executor it hosts,
-``vllite.plugins.transformers_executor.cpu_threads`` / ``cpu_governor``; nothing in the kernel imports this package
-except through the engine-client registry (and ``vllite.AsyncLLM``'s lazy attribute).
+``vllite.config``, the CPU-thread plan of ``vllite.platform.cpu_threads``, ...), zmq and its own wire encoding
+(``serial``); the executor it hosts places its own threads (``Executor.govern_process_steps``); nothing in the kernel
+imports this package except through the engine-client registry (and ``vllite.AsyncLLM``'s lazy attribute).
 """

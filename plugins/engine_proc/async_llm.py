@@ -30,10 +30,11 @@ from typing import Any
 
 import msgspec
 
-from vllite.config import EngineArgs, EngineConfig
+from vllite.config import EngineConfig
 from vllite.engine.input_processor import PromptType
 from vllite.engine.sessions import StreamingInput
 from vllite.engine.stats import IterationStats
+from vllite.engine_args import EngineArgs
 from vllite.exceptions import EngineClientClosedError, EngineDeadError, RequestProcessingError
 from vllite.lora import LoRARequest
 from vllite.outputs import PoolingRequestOutput, RequestOutput

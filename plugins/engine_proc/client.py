@@ -32,9 +32,8 @@ import zmq
 from vllite.config import EngineConfig
 from vllite.engine.core_client import UTILITY_METHODS, EngineCoreClient, sigint_deferred
 from vllite.exceptions import EngineClientClosedError, EngineClientUsageError, EngineDeadError, EngineStartupError
+from vllite.platform.cpu_threads import confine_frontend, resolve_plan
 from vllite.plugins.engine_proc.serial import MsgpackEncoder
-from vllite.plugins.transformers_executor.cpu_governor import confine_frontend
-from vllite.plugins.transformers_executor.cpu_threads import resolve_plan
 from vllite.protocol import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType, EngineInfo
 
 from .client_io import _fail_pending, process_outputs_socket
@@ -170,7 +169,7 @@ class MPClient(EngineCoreClient):
         try:
             self.engine_info = self._wait_for_engine_startup(handshake, addresses)
             if self.config.parallel_config.data_parallel_size == 1:
-                confine_frontend(resolve_plan())  # off the engine's pinned CPUs (see cpu_governor)
+                confine_frontend(resolve_plan())  # off the engine's pinned CPUs
         finally:
             handshake.close(linger=0)
             self._handshake = None

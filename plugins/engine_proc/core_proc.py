@@ -30,8 +30,7 @@ from vllite.config import EngineConfig
 from vllite.engine.core import EngineCore
 from vllite.engine.core_client import UTILITY_METHODS
 from vllite.exceptions import EngineStartupError, ExecutorFailedError, UtilityCallError
-from vllite.plugins.transformers_executor.cpu_governor import govern_engine_core
-from vllite.plugins.transformers_executor.cpu_threads import CpuThreadPlan, resolve_plan
+from vllite.platform.cpu_threads import CpuThreadPlan, resolve_plan
 from vllite.protocol import (
     EngineCoreOutputs,
     EngineCoreRequest,
@@ -86,10 +85,11 @@ class EngineCoreProc:
             if register is not None:
                 register(lambda: self.io.input_queue.put_nowait((EngineCoreRequestType.EXECUTOR_FAILED, b"")))
             self.io.start(addresses.inputs, addresses.outputs, identity, self.engine.info, engine_index)
-            # The busy loop steps the model on this thread: its torch threads are pinned here, the I/O threads
-            # moved to the CPUs left to them (see vllite.plugins.transformers_executor.cpu_governor).
-            self.cpu_threads = govern_engine_core(self.engine, cpu_plan or resolve_plan())
-            self.cpu_threads.place_others()
+            # The busy loop steps the model on this thread: the executor places its model's threads here and the
+            # I/O threads on the CPUs left to them (Executor.govern_process_steps, vllite.platform.cpu_threads).
+            govern = getattr(self.engine.model_executor, "govern_process_steps", None)
+            if govern is not None:
+                govern(self.engine, cpu_plan or resolve_plan())
 
     def _preprocess_add_request(self, request: EngineCoreRequest) -> Request:
         """Input thread: the engine's preprocessing of an ADD (a subclass may carry more of the request along)."""

@@ -24,8 +24,7 @@ from typing import Any
 
 from vllite.config import EngineConfig
 from vllite.exceptions import CpuThreadsConfigError, EngineClientUsageError, EngineStartupError
-from vllite.plugins.transformers_executor.cpu_governor import confine_frontend
-from vllite.plugins.transformers_executor.cpu_threads import BIND_ENV, NUM_THREADS_ENV, CpuThreadPlan, resolve_plan
+from vllite.platform.cpu_threads import BIND_ENV, NUM_THREADS_ENV, CpuThreadPlan, confine_frontend, resolve_plan
 from vllite.protocol import EngineCoreOutputs
 
 from .client import MPClient

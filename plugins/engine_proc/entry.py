@@ -1,7 +1,7 @@
 """The engine-core child process: entry point, signal handling and parent-death watch.
 
 ``run_engine_core`` is the ``multiprocessing`` (spawn) target. Before torch loads it resolves the CPU-thread
-plan (``VLLITE_CPU_OMP_THREADS_BIND``, see ``vllite.plugins.transformers_executor.cpu_threads``) and sets the
+plan (``VLLITE_CPU_OMP_THREADS_BIND``, see ``vllite.platform.cpu_threads``) and sets the
 OpenMP variables it implies.
 Plugins are loaded in the child by the plugin manager on first use, from the ``sys.path`` and environment the
 parent passed on, so a scheduler or logits processor from a third-party distribution works across the process
@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from vllite.config import EngineConfig
 from vllite.logging_utils import tracebacks_enabled
-from vllite.plugins.transformers_executor.cpu_threads import CpuThreadPlan
+from vllite.platform.cpu_threads import CpuThreadPlan
 
 if TYPE_CHECKING:
     from .core_proc import EngineCoreProc
@@ -74,10 +74,10 @@ def _setup_child(sys_path: list[str], env: dict[str, str], log_level: int) -> No
 
 
 def _prepare_cpu_threads() -> CpuThreadPlan:
-    """Resolves the CPU-thread plan of this process (``transformers_executor.cpu_threads``) and, before torch loads,
+    """Resolves the CPU-thread plan of this process (``vllite.platform.cpu_threads``) and, before torch loads,
     the OpenMP variables it implies; a variable set by the user wins. A bad value fails the start-up, naming the
     variable."""
-    from vllite.plugins.transformers_executor.cpu_threads import resolve_plan
+    from vllite.platform.cpu_threads import resolve_plan
 
     plan = resolve_plan()
     for key, value in plan.spawn_env().items():
@@ -88,7 +88,7 @@ def _prepare_cpu_threads() -> CpuThreadPlan:
 def _confine_to_bound_cpus() -> None:
     """A data-parallel engine given a CPU list keeps every thread on it (its I/O threads too, rather than on the
     CPUs of the other engines); before any thread starts, so they all inherit the mask."""
-    from vllite.plugins.transformers_executor.cpu_threads import BIND_ENV, parse_cpu_list
+    from vllite.platform.cpu_threads import BIND_ENV, parse_cpu_list
 
     bind = os.environ.get(BIND_ENV, "").strip()
     if not bind or bind in ("auto", "nobind") or "|" in bind:

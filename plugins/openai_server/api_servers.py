@@ -27,6 +27,7 @@ import shutil
 import signal
 import sys
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 logger = logging.getLogger("vllite.server")
@@ -90,8 +91,8 @@ class ApiServers:
     index = 0
     banner = True
 
-    def __init__(self, count: int, args: argparse.Namespace, sock: Any) -> None:
-        self.count, self.args, self.sock = count, args, sock
+    def __init__(self, count: int, args: argparse.Namespace, sock: Any, build_app: Callable[[Any], Any]) -> None:
+        self.count, self.args, self.sock, self.build_app = count, args, sock, build_app
         self.procs: list[Any] = []
         self.conns: list[Any] = []
         self._metrics_dir: str | None = None
@@ -116,9 +117,10 @@ class ApiServers:
         for index in range(1, self.count):
             info = AttachInfo(index, addresses.inputs[index], addresses.outputs[index], pid)
             parent_conn, child_conn = mp.Pipe()
-            payload = (args, self.sock, index, self.count, with_attach(engine.config, info), child_conn)
+            config = with_attach(engine.config, info)
+            payload = (args, self.sock, index, self.count, config, child_conn, self.build_app)
             proc = mp.Process(target=_child_entry, name=f"VLLiteAPIServer-{index}", args=payload, daemon=True)
-            with main_module_hidden_from_spawn((args, payload[4])), sigint_blocked():
+            with main_module_hidden_from_spawn((args, config)), sigint_blocked():
                 proc.start()
             child_conn.close()
             self.procs.append(proc)
@@ -184,7 +186,7 @@ class ApiServers:
 
 
 class _ChildRole:
-    """API server ``index`` (1..N-1) as ``_serve`` sees it: no banner, its header, stop when API server 0 is gone."""
+    """API server ``index`` (1..N-1) as ``serve`` sees it: no banner, its header, stop when API server 0 is gone."""
 
     banner = False
 
@@ -206,25 +208,27 @@ class _ChildRole:
         loop.add_reader(self.conn.fileno(), parent_gone)
 
 
-def _child_entry(args: argparse.Namespace, sock: Any, index: int, count: int, config: Any, conn: Any) -> None:
+def _child_entry(
+    args: argparse.Namespace, sock: Any, index: int, count: int, config: Any, conn: Any, build_app: Any
+) -> None:
     """API server ``index``'s process: builds its settings and engine client as API server 0 did, reports ready (or
     why not), serves until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # API server 0 forwards the terminal's Ctrl-C as SIGTERM
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    from vllite.config import EngineArgs
-    from vllite.plugins.openai_server.cli import _serve, _start_engine, run_event_loop, server_settings
+    from vllite.engine_args import EngineArgs
     from vllite.plugins.openai_server.context import ServerContext
+    from vllite.plugins.openai_server.serving import run_event_loop, serve, server_settings, start_engine
 
     try:
         settings = server_settings(args, str(args.model) if args.model else "vllite-demo")
-        engine, metrics = _start_engine(EngineArgs.from_cli_args(args), settings, args, config=config)
+        engine, metrics = start_engine(EngineArgs.from_cli_args(args), settings, args, config=config)
     except BaseException as exc:
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
         sys.exit(1)
     try:
         conn.send(("ready", os.getpid()))
         ctx = ServerContext(engine, settings, metrics=metrics)
-        run_event_loop(_serve(ctx, sock, args, _ChildRole(index, conn)))
+        run_event_loop(serve(build_app, ctx, sock, args, _ChildRole(index, conn)))
     finally:
         engine.shutdown()
         sock.close()

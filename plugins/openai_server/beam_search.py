@@ -1,5 +1,5 @@
 """``use_beam_search`` on ``/v1/completions`` and ``/v1/chat/completions``: vLLM's frontend beam search over
-``AsyncLLM`` (the algorithm is :mod:`vllite.engine.beam_search`, shared with ``LLM.beam_search``).
+``AsyncLLM`` (the algorithm is :mod:`vllite.plugins.beam_search.search`, shared with ``LLM.beam_search``).
 
 ``n`` is the beam width and the number of choices returned (best first); ``length_penalty``, ``early_stopping``,
 ``ignore_eos``, ``temperature`` and ``include_stop_str_in_output`` are the other knobs, as vLLM maps them. Each
@@ -12,9 +12,9 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-from vllite.engine.beam_search import BeamSearch, eos_token_ids
 from vllite.exceptions import BadRequestError
 from vllite.outputs import CompletionOutput, RequestOutput
+from vllite.plugins.beam_search.search import BeamSearch, eos_token_ids
 from vllite.plugins.openai_server.context import ServerContext
 from vllite.plugins.openai_server.errors import check_sample
 from vllite.plugins.openai_server.protocol import SamplingFields

@@ -10,7 +10,7 @@ from typing import Any
 from vllite.exceptions import ModelNotFoundError
 from vllite.lora import LoRARequest
 from vllite.plugins.openai_server.lora import LoRAModule, ServedLoRAs
-from vllite.plugins.openai_server.pooling.prompts import check_generating
+from vllite.plugins.openai_server.tasks import check_generating
 
 logger = logging.getLogger("vllite.server")
 

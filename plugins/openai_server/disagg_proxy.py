@@ -273,7 +273,7 @@ def run_proxy(args: argparse.Namespace) -> int:
     """Runs the proxy until SIGINT / SIGTERM; returns the exit code."""
     import uvicorn
 
-    from vllite.plugins.openai_server.cli import bind_socket, run_event_loop
+    from vllite.plugins.openai_server.serving import bind_socket, run_event_loop
 
     prefill, decode = UpstreamGroup("prefill", args.prefill), UpstreamGroup("decode", args.decode)
     if args.timeout is not None and args.timeout <= 0:

@@ -53,7 +53,7 @@ class BatchRequestInput(pydantic.BaseModel):
 
 def add_run_batch_arguments(parser: argparse.ArgumentParser) -> None:
     """``vllite run-batch``'s flags (vLLM's names), then every engine flag."""
-    from vllite.config import EngineArgs
+    from vllite.engine_args import EngineArgs
     from vllite.plugins.commands.engine_flags import add_vllm_only_flags
 
     batch = parser.add_argument_group("batch")
@@ -73,11 +73,11 @@ def run_batch_command(args: argparse.Namespace) -> int:
     """Runs the batch of ``args.input_file`` into ``args.output_file``; 0 when every line was answered (a line that
     failed is answered with its error record)."""
     from vllite.assets import default_model_path
-    from vllite.config import EngineArgs
     from vllite.engine.tokenizer import load_chat_template
+    from vllite.engine_args import EngineArgs
     from vllite.plugins.commands.engine_flags import check_engine_args
-    from vllite.plugins.openai_server.cli import demo_model_defaults, run_event_loop
     from vllite.plugins.openai_server.context import ServerSettings
+    from vllite.plugins.openai_server.serving import demo_model_defaults, run_event_loop
 
     model_path = str(args.model or default_model_path())
     if args.max_log_len is not None and args.max_log_len < 0:

@@ -54,7 +54,7 @@ class EngineCoreActor:
                 sys.path.append(entry)
         os.environ.update(env)
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s [EngineCoreActor] %(message)s")
-        from vllite.plugins.transformers_executor.cpu_threads import resolve_plan
+        from vllite.platform.cpu_threads import resolve_plan
 
         plan = resolve_plan()
         for key, value in plan.spawn_env().items():

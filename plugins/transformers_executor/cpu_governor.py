@@ -1,4 +1,5 @@
-"""Applying a ``CpuThreadPlan``: torch's OpenMP threads pinned one per CPU, and moved off CPUs another process uses.
+"""Applying a ``CpuThreadPlan`` (``vllite.platform.cpu_threads``): torch's OpenMP threads pinned one per CPU,
+and moved off CPUs another process uses.
 
 Pinning runs one OpenMP parallel region through the OpenMP runtime torch itself loaded (``GOMP_parallel``, which
 libgomp and LLVM's/Intel's runtimes all export) with a ``ctypes`` callback: each thread of the team (the same
@@ -26,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from vllite.plugins.transformers_executor.cpu_threads import CpuThreadPlan
+from vllite.platform.cpu_threads import CpuThreadPlan, place_other_threads
 
 logger = logging.getLogger(__name__)
 
@@ -125,22 +126,6 @@ def cpu_busy_times() -> dict[int, tuple[int, int]]:
     except (OSError, ValueError, IndexError):
         return {}
     return result
-
-
-def place_other_threads(keep: Sequence[int], cpus: Sequence[int]) -> int:
-    """Moves every thread of this process except ``keep`` onto ``cpus`` (the frontend / I/O CPUs); returns how
-    many were moved. Threads that exit meanwhile are skipped."""
-    moved = 0
-    for name in os.listdir("/proc/self/task"):
-        tid = int(name)
-        if tid in keep:
-            continue
-        try:
-            os.sched_setaffinity(tid, set(cpus))
-            moved += 1
-        except OSError:
-            continue
-    return moved
 
 
 class CpuThreadGovernor:
@@ -278,17 +263,3 @@ def govern_engine_core(engine_core: Any, plan: CpuThreadPlan, *, caller_thread: 
 
     engine_core.step_fn = governed_step
     return governor
-
-
-def confine_frontend(plan: CpuThreadPlan) -> None:
-    """The frontend of a multiprocess engine keeps off the engine's CPUs: with reserved CPUs, every thread of
-    this process moves onto them; torch, where this process loaded it, uses as many threads as it has CPUs."""
-    import sys
-
-    if not plan.pinned:
-        return
-    if plan.reserved_cpus:
-        place_other_threads((), plan.reserved_cpus)
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.set_num_threads(max(1, len(plan.reserved_cpus)))

@@ -30,6 +30,7 @@ from vllite.executor import Executor, KVCacheInfo, ModelInfo
 from vllite.kv_connector.base import KVConnectorBase, KVConnectorRole
 from vllite.lora import LoRARequest
 from vllite.model_files import load_hf_config
+from vllite.platform.cpu_threads import CpuThreadPlan
 from vllite.plugins.transformers_executor.kv_cache_sizing import (
     GiB,
     cpu_kvcache_space_bytes,
@@ -362,12 +363,19 @@ class DefaultExecutor(Executor):
         return self.runner
 
     def govern_inprocess_steps(self, engine_core: Any) -> None:
-        """Pins torch's threads (the plan of ``VLLITE_CPU_OMP_THREADS_BIND``, see :mod:`.cpu_threads`) while the
-        caller's thread steps ``engine_core``, and governs them after each step (:mod:`.cpu_governor`)."""
+        """Pins torch's threads (the plan of ``VLLITE_CPU_OMP_THREADS_BIND``, see ``vllite.platform.cpu_threads``)
+        while the caller's thread steps ``engine_core``, and governs them after each step (:mod:`.cpu_governor`)."""
+        from vllite.platform.cpu_threads import resolve_plan
         from vllite.plugins.transformers_executor.cpu_governor import govern_engine_core
-        from vllite.plugins.transformers_executor.cpu_threads import resolve_plan
 
         govern_engine_core(engine_core, resolve_plan(), caller_thread=True)
+
+    def govern_process_steps(self, engine_core: Any, plan: CpuThreadPlan) -> None:
+        """Pins torch's threads to ``plan`` on the engine process's busy-loop thread for good, governs them after
+        each step, and moves the process's other threads (I/O, ZMQ) onto the CPUs the plan reserves."""
+        from vllite.plugins.transformers_executor.cpu_governor import govern_engine_core
+
+        govern_engine_core(engine_core, plan).place_others()
 
     def shutdown(self) -> None:
         """Frees the KV cache and the model. Idempotent."""

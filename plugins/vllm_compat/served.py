@@ -29,9 +29,9 @@ _V1_BUILTIN = {
     "process_dict_updates": "vllite.logits_processor.state:process_dict_updates",
 }
 _SLOT_INTERFACE = {
-    "LogitsProcessor": "vllite.logits_processor.slot_interface:SlotLogitsProcessor",
-    "LogitsContext": "vllite.logits_processor.slot_interface:LogitsContext",
-    "LogitsProcRequestState": "vllite.logits_processor.slot_interface:LogitsProcRequestState",
+    "LogitsProcessor": "vllite.plugins.vllm_compat.slot_interface:SlotLogitsProcessor",
+    "LogitsContext": "vllite.plugins.vllm_compat.slot_interface:LogitsContext",
+    "LogitsProcRequestState": "vllite.plugins.vllm_compat.slot_interface:LogitsProcRequestState",
 }
 _TP = "vllite.plugins.openai_server.vllm_tool_parsers"
 _TOOL_PARSERS = {"ToolParser": f"{_TP}:ToolParser", "ToolParserManager": f"{_TP}:ToolParserManager"}
@@ -53,7 +53,7 @@ _ASYNC_H2D = {"async_tensor_h2d": "vllite.plugins.vllm_compat.torch_utils:async_
 SERVED_MODULES: dict[str, dict[str, str]] = {
     "vllm": {
         "LLM": "vllite.engine.llm:LLM",
-        "EngineArgs": "vllite.config:EngineArgs",
+        "EngineArgs": "vllite.engine_args:EngineArgs",
         "SamplingParams": "vllite.sampling_params:SamplingParams",
         "RequestOutput": "vllite.outputs:RequestOutput",
         "CompletionOutput": "vllite.outputs:CompletionOutput",
@@ -109,8 +109,8 @@ SERVED_MODULES: dict[str, dict[str, str]] = {
     "vllm.v1.worker": {},
     "vllm.v1.worker.gpu": {},
     "vllm.v1.worker.gpu.buffer_utils": {
-        "UvaBackedTensor": "vllite.logits_processor.buffers:UvaBackedTensor",
-        "StagedWriteTensor": "vllite.logits_processor.buffers:StagedWriteTensor",
+        "UvaBackedTensor": "vllite.plugins.vllm_compat.buffers:UvaBackedTensor",
+        "StagedWriteTensor": "vllite.plugins.vllm_compat.buffers:StagedWriteTensor",
     },
     "vllm.v1.worker.gpu.sample": {},
     "vllm.v1.worker.gpu.sample.logits_processor": dict(_SLOT_INTERFACE),

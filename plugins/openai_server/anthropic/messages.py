@@ -35,6 +35,7 @@ from vllite.plugins.openai_server.anthropic.protocol import (
     ToolResultBlockParam,
     ToolUseBlock,
     Usage,
+    stop_reason_of,
 )
 from vllite.plugins.openai_server.context import ServerContext
 from vllite.plugins.openai_server.event_stream import EventStream
@@ -280,14 +281,3 @@ def _tool_input(arguments: str) -> dict[str, Any] | None:
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
-
-
-def stop_reason_of(finish_reason: str | None, stop_reason: int | str | None, called: bool) -> tuple[str, str | None]:
-    """Anthropic's ``(stop_reason, stop_sequence)`` for a sample's finish (``called``: the reply holds tool calls)."""
-    if finish_reason == "length":
-        return "max_tokens", None
-    if called:
-        return "tool_use", None
-    if isinstance(stop_reason, str):
-        return "stop_sequence", stop_reason
-    return "end_turn", None

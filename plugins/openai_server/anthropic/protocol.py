@@ -274,3 +274,14 @@ def _field_path(loc: tuple[int | str, ...]) -> list[int | str]:
         if not tag and not (isinstance(part, str) and "[" in part):
             path.append(part)
     return path
+
+
+def stop_reason_of(finish_reason: str | None, stop_reason: int | str | None, called: bool) -> tuple[str, str | None]:
+    """Anthropic's ``(stop_reason, stop_sequence)`` for a sample's finish (``called``: the reply holds tool calls)."""
+    if finish_reason == "length":
+        return "max_tokens", None
+    if called:
+        return "tool_use", None
+    if isinstance(stop_reason, str):
+        return "stop_sequence", stop_reason
+    return "end_turn", None

@@ -15,8 +15,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from vllite.outputs import RequestOutput
-from vllite.plugins.openai_server.anthropic.messages import stop_reason_of
-from vllite.plugins.openai_server.anthropic.protocol import Message, Usage, error_body, event
+from vllite.plugins.openai_server.anthropic.protocol import Message, Usage, error_body, event, stop_reason_of
 from vllite.plugins.openai_server.errors import classify
 from vllite.plugins.openai_server.responses import DeltaMessage, DeltaToolCall
 

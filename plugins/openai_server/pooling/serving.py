@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 
-from vllite.engine.pooling import cosine_scores, score_prompt
 from vllite.exceptions import BadRequestError, RequestFailedError
 from vllite.lora import LoRARequest
 from vllite.outputs import PoolingRequestOutput, ScoringRequestOutput
@@ -53,6 +52,7 @@ from vllite.plugins.openai_server.pooling.protocol import (
     pooling_usage,
 )
 from vllite.plugins.openai_server.protocol import random_id
+from vllite.plugins.pooling.scoring import cosine_scores, score_prompt
 from vllite.pooling_params import PoolingParams
 
 EMBED_TASKS = ("embed", "token_embed")

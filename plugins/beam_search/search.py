@@ -2,8 +2,9 @@
 
 Each step submits every live beam as a one-token request asking for its top logprobs (prefix caching makes the
 re-submitted prefix cheap) and keeps the best continuations. ``LLM.beam_search`` drives the loop with blocking
-calls and the server (``use_beam_search``) with ``await``; both share :class:`BeamSearch`, which holds the
-algorithm and never talks to an engine.
+calls (:mod:`vllite.plugins.beam_search.offline`) and the server (``use_beam_search``) with ``await``; both share
+:class:`BeamSearch`, which holds the algorithm and never talks to an engine. Its results are the kernel's
+``vllite.outputs.BeamSearchOutput`` and ``BeamSearchSequence`` (the return type of ``LLM.beam_search``).
 
 The selection is Hugging Face's ``generate(num_beams=..., do_sample=False)`` (transformers 5), step for step:
 
@@ -28,29 +29,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllite.outputs import Logprob
+from vllite.outputs import BeamSearchOutput, BeamSearchSequence, Logprob
 from vllite.sampling_params import BeamSearchParams, SamplingParams
-
-
-@dataclass
-class BeamSearchSequence:
-    """One beam: ``tokens`` is the prompt followed by the generated tokens (vLLM's shape), ``logprobs`` the top
-    logprobs of each generated position, ``text`` filled once the sequence is returned."""
-
-    tokens: list[int]
-    logprobs: list[dict[int, Logprob]]
-    lora_request: Any = None
-    cum_logprob: float = 0.0
-    text: str | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-
-
-@dataclass
-class BeamSearchOutput:
-    """The best sequences of one prompt, best first, at most ``beam_width`` of them."""
-
-    sequences: list[BeamSearchSequence]
 
 
 @dataclass

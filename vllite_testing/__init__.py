@@ -11,6 +11,10 @@ suites of third-party plugins (schedulers, logits processors, executors) share o
 - :mod:`vllite.testing.executors`: :class:`PositionTokenExecutor`, a model-free ``Executor`` whose tokens are
   ``1000 + position``; select it with ``executor="vllite.testing.executors:PositionTokenExecutor"``.
 
+- :mod:`vllite.testing.kv_connector_conformance`: the conformance kit a KV connector's test suite runs
+  (``run_conformance``, or the collected ``test_kv_connector_conformance``).
+
+The folder is ``vllite_testing/``, beside the kernel (``core/``) rather than in it: nothing in the engine imports it.
 Importing this package is cheap (no torch); torch and transformers load when a model is built.
 """
 

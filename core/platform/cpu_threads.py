@@ -1,8 +1,11 @@
 """Which cores the engine's torch/OpenMP threads use: ``VLLITE_CPU_OMP_THREADS_BIND`` and its companions.
 
 ``resolve_plan()`` reads the variables (and the process's affinity mask) into a ``CpuThreadPlan``; nothing here
-imports torch or touches a thread, so the plan can be made in the frontend and in the engine-core process before
-torch loads. ``vllite.plugins.transformers_executor.cpu_governor`` applies it.
+imports torch, so the plan can be made in the frontend and in the engine-core process before torch loads. The plan
+is the contract between the processes: the executor applies it to the threads that run its model (the transformers
+executor pins torch's OpenMP threads and governs them, ``vllite.plugins.transformers_executor.cpu_governor``), the
+engine process moves its other threads onto ``reserved_cpus`` and the frontend keeps off the engine's CPUs
+(:func:`place_other_threads`, :func:`confine_frontend`).
 
 ``VLLITE_CPU_OMP_THREADS_BIND`` (as vLLM's ``VLLM_CPU_OMP_THREADS_BIND``):
 
@@ -15,14 +18,14 @@ torch loads. ``vllite.plugins.transformers_executor.cpu_governor`` applies it.
 
 ``VLLITE_CPU_NUM_THREADS`` caps the number of torch threads (the first N CPUs of the list). With
 ``VLLITE_CPU_ADAPTIVE_THREADS=1`` (default) the engine moves its threads off a core another process is using and
-back when it is free again (``vllite.plugins.transformers_executor.cpu_governor``). A value that cannot be used raises
-``CpuThreadsConfigError`` naming the variable.
+back when it is free again. A value that cannot be used raises ``CpuThreadsConfigError`` naming the variable.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+import sys
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from vllite.exceptions import CpuThreadsConfigError
@@ -188,3 +191,31 @@ def resolve_plan(environ: Mapping[str, str] | None = None, allowed: Iterable[int
         omp = omp[:num_threads]
     reserved = tuple(cpu for cpu in allowed_cpus if cpu not in omp)
     return CpuThreadPlan(bind, tuple(omp), reserved, len(omp), adaptive and len(omp) > 1)
+
+
+def place_other_threads(keep: Sequence[int], cpus: Sequence[int]) -> int:
+    """Moves every thread of this process except ``keep`` onto ``cpus`` (the frontend / I/O CPUs); returns how
+    many were moved. Threads that exit meanwhile are skipped."""
+    moved = 0
+    for name in os.listdir("/proc/self/task"):
+        tid = int(name)
+        if tid in keep:
+            continue
+        try:
+            os.sched_setaffinity(tid, set(cpus))
+            moved += 1
+        except OSError:
+            continue
+    return moved
+
+
+def confine_frontend(plan: CpuThreadPlan) -> None:
+    """The frontend of a multiprocess engine keeps off the engine's CPUs: with reserved CPUs, every thread of
+    this process moves onto them; torch, where this process loaded it, uses as many threads as it has CPUs."""
+    if not plan.pinned:
+        return
+    if plan.reserved_cpus:
+        place_other_threads((), plan.reserved_cpus)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(max(1, len(plan.reserved_cpus)))

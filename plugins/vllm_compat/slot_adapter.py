@@ -8,7 +8,7 @@ re-announced. :class:`SlotLogitsProcessorAdapter` keeps that contract on top of 
 where requests move between batch indices: it gives each request a stable slot, keeps the token history in
 ``req_states`` current from the live output lists (staged, then published once per step, as vLLM's model
 runner does), and builds the row → slot mapping at every ``apply``. The interface itself (base class, request
-state, step context) is in :mod:`vllite.logits_processor.slot_interface`.
+state, step context) is in :mod:`vllite.plugins.vllm_compat.slot_interface`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import heapq
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from vllite.exceptions import BatchStateError, LogitsProcessorRowsError, PluginHookError
-from vllite.logits_processor.buffers import StagedWriteTensor, UvaBackedTensor, buffer_device
 from vllite.logits_processor.interface import BatchUpdate, LogitsProcessor, MoveDirectionality
-from vllite.logits_processor.slot_interface import LogitsContext, LogitsProcRequestState, SlotLogitsProcessor
+from vllite.plugins.vllm_compat.buffers import StagedWriteTensor, UvaBackedTensor, buffer_device
+from vllite.plugins.vllm_compat.slot_interface import LogitsContext, LogitsProcRequestState, SlotLogitsProcessor
 
 if TYPE_CHECKING:
     import torch

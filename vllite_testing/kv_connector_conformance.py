@@ -5,7 +5,7 @@ Two ways to use it from a connector's own test suite:
 
 - ``run_conformance(kv_transfer_config)`` from any test; it raises ``KVConnectorConformanceError`` naming the
   first broken rule and returns a ``ConformanceReport`` (what the workload exercised) otherwise;
-- ``from vllite.kv_connector.conformance import *`` in a test module that defines a ``connector_under_test``
+- ``from vllite.testing.kv_connector_conformance import *`` in a test module that defines a ``connector_under_test``
   fixture returning ``(kv_transfer_config, settings)``: pytest then collects ``test_kv_connector_conformance``
   (``settings`` are ``run_conformance``'s keyword arguments, ``{}`` for the defaults).
 
@@ -34,8 +34,8 @@ from vllite.kv_connector.config import KVTransferConfig
 from vllite.kv_connector.factory import create_connector
 
 if TYPE_CHECKING:
-    from vllite.config import EngineArgs
     from vllite.engine.llm_engine import LLMEngine
+    from vllite.engine_args import EngineArgs
     from vllite.request import Request
     from vllite.sched import Scheduler
 
@@ -175,7 +175,7 @@ def _prompts(seed: int, num_prompts: int) -> list[list[int]]:
 
 
 def _engine_args(model: str | Path, kv: KVTransferConfig | None, engine_kwargs: dict[str, Any]) -> EngineArgs:
-    from vllite.config import EngineArgs
+    from vllite.engine_args import EngineArgs
 
     settings = {**DEFAULT_ENGINE_KWARGS, **engine_kwargs}
     transfer = json.dumps(asdict(kv)) if kv is not None else None
@@ -297,7 +297,7 @@ def _check_end_state(scheduler: Scheduler, recorder: _Recorder, report: Conforma
 
 
 def test_kv_connector_conformance(connector_under_test: tuple[Any, dict[str, Any]]) -> None:
-    """Collected by pytest where ``from vllite.kv_connector.conformance import *`` is used next to a
+    """Collected by pytest where ``from vllite.testing.kv_connector_conformance import *`` is used next to a
     ``connector_under_test`` fixture returning ``(kv_transfer_config, run_conformance keyword arguments)``."""
     kv_transfer_config, settings = connector_under_test
     run_conformance(kv_transfer_config, **settings)

@@ -1,7 +1,7 @@
 """vLLM's slot-based processor interface (Model Runner V2): the base class, the request state, the step context.
 
 Names and signatures follow ``vllm.v1.worker.gpu.sample.logits_processor``, so a processor written against it
-runs here unchanged (vllite adapts it onto its persistent batch, see :mod:`vllite.logits_processor.slot`).
+runs here unchanged (vllite adapts it onto its persistent batch, see :mod:`vllite.plugins.vllm_compat.slot_adapter`).
 Import-light: the frontend imports processor classes to run ``validate_params``, so torch is imported here
 only for type checking.
 """
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
-    from vllite.logits_processor.buffers import StagedWriteTensor, UvaBackedTensor
+    from vllite.plugins.vllm_compat.buffers import StagedWriteTensor, UvaBackedTensor
     from vllite.sampling_params import SamplingParams
 
 

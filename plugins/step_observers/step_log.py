@@ -1,5 +1,6 @@
 """What the engine logs about the execution of its steps (vLLM's ``EngineCore.log_error_detail`` and
-``log_iteration_details``).
+``log_iteration_details``): the builtin step wrapper ``step_log`` (hook ``vllite_register_step_wrappers``), which
+every engine core enters around each step's execution.
 
 - A step whose execution raises is dumped once, at ERROR, before the exception goes on as it always did (the
   multiprocess engine dies with it, ``EngineDeadError`` for its clients): the step's schedule (prompts as their
@@ -18,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from vllite.hookspecs import Register, hookimpl
 from vllite.version import __version__
 
 if TYPE_CHECKING:
@@ -54,7 +56,7 @@ def compute_iteration_details(scheduler_output: SchedulerOutput) -> IterationDet
 
 class StepLog:
     """Wraps each step's execution (``with step_log.around(scheduler_output): ...``) for the dump and the
-    iteration details; ``scheduler`` is read only when a step fails."""
+    iteration details; ``scheduler`` is read only when a step fails. Built once per engine core."""
 
     def __init__(self, config: Any, scheduler: Any) -> None:
         self.config = config
@@ -66,6 +68,7 @@ class StepLog:
 
     @contextmanager
     def around(self, scheduler_output: SchedulerOutput) -> Iterator[None]:
+        """Runs the step's execution: dumps the step if it raises (and re-raises), logs its details if asked to."""
         start = time.monotonic()
         try:
             yield
@@ -146,3 +149,8 @@ def describe_requests(scheduler: Any, req_ids: Any) -> list[str]:
             f"computed={request.num_computed_tokens} output={request.num_output_tokens}"
         )
     return states
+
+
+@hookimpl
+def vllite_register_step_wrappers(register: Register) -> None:
+    register("step_log", StepLog)
