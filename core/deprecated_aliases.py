@@ -47,6 +47,7 @@ MOVED_MODULES: dict[str, str] = {
     **{f"vllite.kv_connector.{name}": f"{_KV_CONNECTORS}.{name}" for name in _KV_CONNECTOR_MODULES},
     "vllite.kv_connector.builtin_plugin": f"{_KV_CONNECTORS}.plugin",
     "vllite.kv_connector.testing": f"{_KV_CONNECTORS}.mock",
+    "vllite.sched.kv_transfer": f"{_KV_CONNECTORS}.scheduling",
     **{f"vllite.structured_output.{name}": f"{_GRAMMARS}.{name}" for name in _GRAMMAR_MODULES},
     "vllite.structured_output.builtin_plugin": f"{_GRAMMARS}.plugin",
     "vllite.cpu_threads": "vllite.platform.cpu_threads",
@@ -143,6 +144,9 @@ MOVED_ATTRIBUTES: dict[str, dict[str, str]] = {
     "vllite.plugins.bench.agent_bench": dict.fromkeys(_AGENT_REPORT_NAMES, "vllite.plugins.bench.agent_report"),
     "vllite.engine.pooling": dict.fromkeys(("score_prompt", "pair_up", "cosine_scores"), f"{_PLUGINS}.pooling.scoring"),
     "vllite.kv_events": {"ZmqEventPublisher": "vllite.plugins.kv_events.zmq_publisher"},
+    "vllite.structured_output.manager": dict.fromkeys(
+        ("StructuredOutputManager", "fill_rows", "fill_one_by_one"), f"{_GRAMMARS}.manager"
+    ),
     "vllite.logits_processor": {
         name: f"{_VLLM_COMPAT}.{module}" for module, names in _SLOT_NAMES.items() for name in names
     },

@@ -72,16 +72,35 @@ def resolve(module: str, node: ast.ImportFrom, is_package: bool) -> str:
     return ".".join([*base, node.module] if node.module else base)
 
 
-def import_graph() -> dict[str, set[str]]:
-    """module -> the ``vllite`` modules it imports, at any depth of its source."""
+def _is_type_checking(node: ast.stmt) -> bool:
+    test = getattr(node, "test", None)
+    return isinstance(node, ast.If) and getattr(test, "id", getattr(test, "attr", None)) == "TYPE_CHECKING"
+
+
+def _imports(tree: ast.Module, runtime_only: bool) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement of ``tree``; with ``runtime_only``, not those under ``if TYPE_CHECKING:``."""
+    found: list[ast.Import | ast.ImportFrom] = []
+    pending: list[ast.AST] = [tree]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+        elif not (runtime_only and isinstance(node, ast.stmt) and _is_type_checking(node)):
+            pending.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def import_graph(runtime_only: bool = False) -> dict[str, set[str]]:
+    """module -> the ``vllite`` modules it imports, at any depth of its source (``runtime_only``: leaving out the
+    imports under ``if TYPE_CHECKING:``, which tie modules for a reader and a type checker but not at run time)."""
     modules = {name: path for name, path in source_files()}
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in _imports(ast.parse(path.read_text(encoding="utf-8")), runtime_only):
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
+            else:
                 base = resolve(name, node, path.name == "__init__.py")
                 submodules = [f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in modules]
                 # `from package import submodule` ties to the submodule, as `import package.submodule` does
@@ -148,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{length:5d}  {where}")
     print("\n## Import circles (modules that import each other, at any depth)")
     for circle in import_circles(import_graph()):
+        print(f"{len(circle):3d} modules: {', '.join(circle)}")
+    print("\n## Import circles at run time (leaving out imports under `if TYPE_CHECKING:`)")
+    for circle in import_circles(import_graph(runtime_only=True)):
         print(f"{len(circle):3d} modules: {', '.join(circle)}")
     return 0
 

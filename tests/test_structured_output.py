@@ -183,9 +183,10 @@ def test_draft_rows_and_filtering(tokenizer):
 
     import torch
 
+    from vllite.plugins.structured_outputs.manager import fill_rows
     from vllite.request import Request
     from vllite.structured_output.bitmask import draft_token_mask, unpack_bitmask
-    from vllite.structured_output.manager import fill_rows, filter_drafts
+    from vllite.structured_output.manager import filter_drafts
     from vllite.structured_output.registry import backend_class
     from vllite.structured_output.request import StructuredOutputRequest
 

@@ -29,6 +29,7 @@ from vllite.request import Request, RequestStatus
 from vllite.sched import PauseState, create_scheduler
 from vllite.sched.async_scheduler import create_async_scheduler
 from vllite.sched.output import ModelRunnerOutput, SchedulerOutput
+from vllite.structured_output.manager import create_structured_output_manager
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
@@ -98,9 +99,7 @@ class EngineCore:
             self.model_executor.shutdown()
             raise
         self.info = msgspec.structs.replace(self.info, scheduler=type(self.scheduler).__name__)
-        from vllite.structured_output.manager import StructuredOutputManager
-
-        self.structured_output_manager = StructuredOutputManager(
+        self.structured_output_manager = create_structured_output_manager(
             self.config, self.info.vocab_size, list(self.info.eos_token_ids)
         )
         self._pending_finishes: list[Request] = []

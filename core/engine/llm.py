@@ -11,6 +11,7 @@ from vllite.engine.input_processor import PromptType
 from vllite.engine.llm_pooling import LLMPoolingAPI
 from vllite.engine_args import EngineArgs
 from vllite.lora import LoRARequest
+from vllite.lora.request import lora_per_prompt
 from vllite.outputs import BeamSearchOutput, RequestOutput
 from vllite.pooling_params import PoolingParams
 from vllite.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
@@ -100,7 +101,7 @@ class LLM(LLMPoolingAPI):
                 )
         if priority is not None and len(priority) != len(batch):
             raise ValueError(f"Got {len(priority)} priorities for {len(batch)} prompts.")
-        loras = _per_prompt(lora_request, len(batch))
+        loras = lora_per_prompt(lora_request, len(batch))
         self._add_requests(batch, params_list, priority, loras)
         return self._run_engine(use_tqdm=use_tqdm)
 
@@ -264,13 +265,3 @@ class LLM(LLMPoolingAPI):
             self.shutdown()
         except Exception:
             pass
-
-
-def _per_prompt(lora_request: LoRARequest | Sequence[LoRARequest | None] | None, n: int) -> list[LoRARequest | None]:
-    """One adapter (or ``None``) per prompt: a single one broadcast, a sequence taken as it is."""
-    if lora_request is None or isinstance(lora_request, LoRARequest):
-        return [lora_request] * n
-    loras = list(lora_request)
-    if len(loras) != n:
-        raise ValueError(f"The lengths of prompts ({n}) and lora_request ({len(loras)}) must be the same.")
-    return loras

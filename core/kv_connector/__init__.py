@@ -7,7 +7,8 @@ only through values: ``KVConnectorMetadata`` (scheduler to worker, once per step
 ``KVConnectorOutput`` (worker to scheduler, on ``ModelRunnerOutput``).
 
 Modules: ``base`` (the contract), ``config`` (``KVTransferConfig``, vLLM's ``--kv-transfer-config``),
-``factory`` (selection by registered name or class path).
+``factory`` (selection by registered name or class path), ``scheduler_side`` (``KVTransfer``, what the scheduler
+calls of the connector's transfer machinery, which the KV-connector plugin implements).
 """
 
 from vllite.kv_connector.base import (

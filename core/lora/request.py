@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import msgspec
 
 
@@ -41,3 +43,16 @@ class LoRARequest(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tr
     @property
     def path(self) -> str:
         return self.lora_path
+
+
+def lora_per_prompt(
+    lora_request: LoRARequest | Sequence[LoRARequest | None] | None, n: int
+) -> list[LoRARequest | None]:
+    """One adapter (or ``None``) per prompt: a single one broadcast, a sequence taken as it is (``LLM``'s
+    ``lora_request`` argument, for ``n`` prompts)."""
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * n
+    loras = list(lora_request)
+    if len(loras) != n:
+        raise ValueError(f"The lengths of prompts ({n}) and lora_request ({len(loras)}) must be the same.")
+    return loras

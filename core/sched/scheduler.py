@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from vllite.exceptions import KVCacheStateError
 from vllite.kv_cache import KVCacheManager, get_hash_fn, get_request_block_hasher
+from vllite.kv_connector.scheduler_side import KVTransfer, make_kv_transfer
 from vllite.protocol import EngineCoreEventType, EngineCoreOutputs, SchedulerStats
 from vllite.request import Request, RequestStatus
 from vllite.sched import lifecycle
 from vllite.sched.cached_data import make_cached_request_data
 from vllite.sched.faults import fail_request, release_finished, step_start
 from vllite.sched.interface import PauseState, SchedulerInterface
-from vllite.sched.kv_transfer import KVTransferState, make_kv_transfer
 from vllite.sched.output import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from vllite.sched.phases import admit_waiting, schedule_running
 from vllite.sched.policy_args import check_policy_args
@@ -109,8 +109,8 @@ class Scheduler(SchedulerInterface):
             if self.enable_caching
             else None
         )
-        # The KV connector's scheduler side (vllite.sched.kv_transfer); None without --kv-transfer-config.
-        self.kv_transfer: KVTransferState | None = make_kv_transfer(self)
+        # The KV connector's scheduler side (vllite.plugins.kv_connectors.scheduling); None without a connector.
+        self.kv_transfer: KVTransfer | None = make_kv_transfer(self)
         self.connector = self.kv_transfer.connector if self.kv_transfer is not None else None
         self._init_request_state()
         # Drafts verified and accepted (vllite.sched.spec_decode); None without --speculative-config.

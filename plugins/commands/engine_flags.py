@@ -8,7 +8,8 @@
   (or ``--device``), KV connector and grammar backend, and ``--max-model-len`` against the model's
   ``config.json``. A mistake then fails in about a second instead of after the engine's start-up.
 
-vLLM's underscore spellings (``--max_model_len``) are rewritten by :func:`vllite.cli.main` before parsing.
+vLLM's underscore spellings (``--max_model_len``) are rewritten by the command line
+(:func:`vllite.plugins.commands.main.main`) before parsing.
 """
 
 from __future__ import annotations

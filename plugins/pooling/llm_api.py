@@ -33,7 +33,7 @@ def encode(
     pooling_task: str | None,
 ) -> list[PoolingRequestOutput]:
     """``LLM.encode``: pools every prompt for ``pooling_task`` (default: the model's first task)."""
-    from vllite.engine.llm import _per_prompt
+    from vllite.lora.request import lora_per_prompt
 
     task = pooling_task or llm.supported_tasks[0]
     prompt_list = _as_list(prompts)
@@ -43,7 +43,7 @@ def encode(
         if truncate_prompt_tokens is not None:
             params.truncate_prompt_tokens = truncate_prompt_tokens
         prepared.append(params)
-    llm._add_requests(prompt_list, prepared, None, _per_prompt(lora_request, len(prompt_list)))
+    llm._add_requests(prompt_list, prepared, None, lora_per_prompt(lora_request, len(prompt_list)))
     outputs: list[PoolingRequestOutput] = llm._run_engine(use_tqdm=use_tqdm)  # type: ignore[assignment]
     failed = [f"prompt {i}: {out.error}" for i, out in enumerate(outputs) if out.error is not None]
     if failed:

@@ -1,5 +1,7 @@
 """``KVTransferState``: the scheduler's side of a KV connector, as one object the scheduler holds only when
-``config.kv_transfer_config`` is set (``Scheduler.kv_transfer``; ``None`` keeps every hot path to one check).
+``config.kv_transfer_config`` is set (``Scheduler.kv_transfer``; ``None`` keeps every hot path to one check). The
+kernel names what it calls in ``vllite.kv_connector.scheduler_side.KVTransfer`` and builds it through
+``make_kv_transfer`` here, by class path (this module used to be ``vllite.sched.kv_transfer``).
 
 It owns what the token-budget algorithm needs beyond the connector's own calls:
 
@@ -24,7 +26,10 @@ from typing import TYPE_CHECKING
 from vllite.exceptions import KVLoadError, PluginHookError
 from vllite.kv_cache.manager import PrefixCacheStats
 from vllite.kv_connector.base import KVConnectorRole
+from vllite.kv_connector.factory import create_connector
+from vllite.kv_connector.scheduler_side import KVTransfer
 from vllite.request import Request, RequestStatus
+from vllite.sched.faults import release_finished
 
 if TYPE_CHECKING:
     from vllite.kv_connector.base import KVConnectorBase, KVConnectorOutput
@@ -42,13 +47,11 @@ def make_kv_transfer(scheduler: Scheduler) -> KVTransferState | None:
     kv_transfer_config = getattr(scheduler.config, "kv_transfer_config", None)
     if kv_transfer_config is None:
         return None
-    from vllite.kv_connector.factory import create_connector
-
     connector = create_connector(scheduler.config, KVConnectorRole.SCHEDULER, kv_transfer_config)
     return KVTransferState(connector, kv_transfer_config)
 
 
-class KVTransferState:
+class KVTransferState(KVTransfer):
     """The scheduler-role connector and the transfer bookkeeping (see the module docstring)."""
 
     def __init__(self, connector: KVConnectorBase, kv_transfer_config: KVTransferConfig) -> None:
@@ -171,8 +174,6 @@ class KVTransferState:
         awaited.discard(kind)
         if not awaited:
             del self.held[request_id]
-            from vllite.sched.faults import release_finished
-
             release_finished(scheduler, request)
 
     # ------------------------------------------------------------------ step results
