@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from vllite import cli
 from vllite.logging_utils import TRACEBACKS_ENV, OneLineExceptionFilter, hide_tracebacks_if_requested
+from vllite.plugins.commands import main as cli
 
 FAKE_EXECUTOR = "vllite.testing.executors:PositionTokenExecutor"
 BROKEN_SCHEDULER = "nonexistent_vllite_policy.mod:Policy"

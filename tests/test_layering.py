@@ -58,7 +58,7 @@ RULES = (
         "openai-routers-no-app",
         "plugins/openai_server",
         ("vllite.plugins.openai_server.app",),
-        "app.py assembles the routers; a router importing it ties the two together (share through context.py)",
+        "app.py assembles the routers; a router importing it ties the two together (share through http_common.py)",
         exempt=("app.py", "cli.py", "__init__.py"),
     ),
     Rule(
