@@ -46,6 +46,7 @@ from vllite.exceptions import AttentionRoutingError
 from vllite.kernels import varlen_attention
 from vllite.kernels.kv_cache_dtype import is_fp8
 from vllite.kernels.params import PagedAttentionParams
+from vllite.plugins.transformers_executor.architecture_guard import check_attention_kwargs
 
 ATTN_IMPLEMENTATION = "vllite_paged"
 
@@ -258,6 +259,8 @@ def paged_attention_forward(
     """
     ctx = get_forward_context()
     ctx.num_calls += 1
+    if kwargs:
+        check_attention_kwargs(module, kwargs)
     md = ctx.metadata
     if query.shape[0] != 1:
         raise ValueError(f"vllite runs a packed batch of shape [1, num_tokens]; got batch size {query.shape[0]}.")

@@ -25,12 +25,19 @@ from typing import Any
 import msgspec
 import torch
 
-from vllite.exceptions import DeviceUnavailableError, ExecutorAsleepError, KVCacheMemoryError, ModelLoadError
+from vllite.exceptions import (
+    AttentionRoutingError,
+    DeviceUnavailableError,
+    ExecutorAsleepError,
+    KVCacheMemoryError,
+    ModelLoadError,
+)
 from vllite.executor import Executor, KVCacheInfo, ModelInfo
 from vllite.kv_connector.base import KVConnectorBase, KVConnectorRole
 from vllite.lora import LoRARequest
 from vllite.model_files import load_hf_config
 from vllite.platform.cpu_threads import CpuThreadPlan
+from vllite.plugins.transformers_executor.architecture_guard import architecture_name, check_architecture
 from vllite.plugins.transformers_executor.kv_cache_sizing import (
     GiB,
     cpu_kvcache_space_bytes,
@@ -99,6 +106,7 @@ class DefaultExecutor(Executor):
             _warn_gpu_memory_utilization_ignored(self.config.parallel_config.data_parallel_rank)
         hf_config = mc.hf_config or load_hf_config(mc.model, trust_remote_code=mc.trust_remote_code)
         self.hf_config = hf_config
+        check_architecture(hf_config)  # before the weights load: refused, never run wrongly
         self.spec = model_spec(hf_config)
         max_model_len = self._max_model_len(mc.max_model_len, self.spec.max_position_embeddings)
         self.dtype = resolve_dtype(mc.dtype, hf_config, self.device)  # resolved once; reported in ModelInfo.dtype
@@ -130,7 +138,20 @@ class DefaultExecutor(Executor):
             quantization=mc.quantization,
         )
         self.runner = ModelRunner(self.config, model, self.spec, self.device, self.dtype)
+        self._probe_architecture()
         return info
+
+    def _probe_architecture(self) -> None:
+        """Runs a few dummy tokens through the model before serving: an architecture vllite would run wrongly (an
+        attention argument it does not implement, attention it does not see) is refused now, with a
+        ``ModelLoadError``, instead of failing a running engine or giving wrong tokens."""
+        try:
+            self.runner.probe_forward()
+        except (AttentionRoutingError, RuntimeError) as exc:
+            raise ModelLoadError(
+                f"{architecture_name(self.hf_config)} cannot run on vllite: {exc} Refused at start-up rather than "
+                "giving wrong tokens."
+            ) from exc
 
     def _init_pooling_runner(self, info: ModelInfo) -> ModelInfo:
         """Loads the model as a pooling model (``--runner pooling``) and builds its runner."""

@@ -489,11 +489,21 @@ class ModelRunner:
         """``profile_run``'s dummy forward: the model, then a sort of the logits rows kept (top-p/top-k's peak)."""
         self._forward(input_ids, positions, md, logits_indices).sort(dim=-1)
 
-    @torch.inference_mode()
     def profile_run(self, num_tokens: int) -> None:
         """One forward over ``num_tokens`` dummy tokens (plus a sort of as many logits rows as requests) so the
         caller can measure peak activation memory; uses a temporary KV cache just large enough."""
         num_tokens = max(1, min(num_tokens, self.max_model_len))
+        self._dummy_forward(num_tokens, min(num_tokens, self.max_num_reqs), sort=True)
+
+    def probe_forward(self) -> None:
+        """A few dummy tokens through the model's own forward (never the fused decode step), so that what the
+        architecture passes to the attention is checked at start-up, before any request runs."""
+        self._dummy_forward(max(1, min(4, self.max_model_len)), 1, sort=False)
+
+    @torch.inference_mode()
+    def _dummy_forward(self, num_tokens: int, num_rows: int, *, sort: bool) -> None:
+        """A forward over ``num_tokens`` zeros keeping the last ``num_rows`` logits rows, on a temporary KV cache
+        just large enough; the KV cache, connector and LoRA step in use are left as they were."""
         blocks = -(-num_tokens // self.block_size)
         saved = self._kv_buffer, self.kv_caches, self.kv_layers, self.kv_connector
         self.kv_connector = None  # dummy tokens: nothing to load or save
@@ -512,7 +522,10 @@ class ModelRunner:
             )
             ids = torch.zeros(1, num_tokens, dtype=torch.int64, device=dev)
             pos = torch.arange(num_tokens, device=dev).unsqueeze(0)
-            keep = torch.arange(num_tokens - min(num_tokens, self.max_num_reqs), num_tokens, device=dev)
-            self._profile_forward(ids, pos, md, keep)
+            keep = torch.arange(num_tokens - num_rows, num_tokens, device=dev)
+            if sort:
+                self._profile_forward(ids, pos, md, keep)
+            else:
+                self._forward(ids, pos, md, keep)
         finally:
             self._kv_buffer, self.kv_caches, self.kv_layers, self.kv_connector = saved
