@@ -8,7 +8,7 @@ and the missing feature:
   Mamba-2 SSM layers, gated-delta-net and other linear attention, Falcon-H1's hybrid layers), whose state the KV
   cache does not keep; multi-head latent attention (DeepSeek-V2/V3, Kimi-K2: keys and values of other sizes than
   the cache's); encoder-decoder models;
-- from the attention calls (:func:`check_attention_kwargs`, on every call, so the start-up probe forward sees it):
+- from the attention calls of a probe forward at start-up (:func:`check_attention_kwargs`; not per step):
   arguments that change the attention's result and that vllite's kernels do not implement, such as attention sinks
   (gpt-oss's ``s_aux``).
 """

@@ -90,6 +90,7 @@ class _ForwardContext:
     plans: dict[int | None, Any] = field(default_factory=dict)  # kernel plans of this forward, per sliding window
     params: dict[int | None, PagedAttentionParams] = field(default_factory=dict)  # kernel arguments, per window
     whole_inputs: bool = False  # every sequence's whole input is in this step (set by the first encoder layer)
+    check_arguments: bool = False  # check what each call passes (the start-up probe forward; off per step)
 
 
 _local = threading.local()
@@ -102,13 +103,19 @@ def forward_context(
     kv_connector: Any = None,
     kv_layers: Sequence[torch.Tensor] = (),
     kv_scales: Sequence[tuple[float, float]] = (),
+    check_arguments: bool = False,
 ) -> Iterator[_ForwardContext]:
     """Publishes the step's metadata and KV caches (and the KV connector with the per-layer KV tensors it saves
     from, when there is one, and an fp8 cache's per-layer ``(k_scale, v_scale)``) to the attention layers for the
     duration of a forward."""
     previous = getattr(_local, "ctx", None)
     ctx = _local.ctx = _ForwardContext(
-        metadata, kv_caches, kv_connector=kv_connector, kv_layers=kv_layers, kv_scales=kv_scales
+        metadata,
+        kv_caches,
+        kv_connector=kv_connector,
+        kv_layers=kv_layers,
+        kv_scales=kv_scales,
+        check_arguments=check_arguments,
     )
     try:
         yield ctx
@@ -259,7 +266,7 @@ def paged_attention_forward(
     """
     ctx = get_forward_context()
     ctx.num_calls += 1
-    if kwargs:
+    if ctx.check_arguments and kwargs:
         check_attention_kwargs(module, kwargs)
     md = ctx.metadata
     if query.shape[0] != 1:

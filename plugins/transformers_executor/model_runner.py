@@ -441,9 +441,12 @@ class ModelRunner:
         md: AttentionMetadata,
         logits_indices: torch.Tensor,
         inputs_embeds: torch.Tensor | None = None,
+        *,
+        check_arguments: bool = False,
     ) -> torch.Tensor:
         """The logits rows ``logits_indices`` of one packed step; ``inputs_embeds`` (prompt_embeds.py) replaces
-        ``input_ids`` when the step computes prompt-embeds positions."""
+        ``input_ids`` when the step computes prompt-embeds positions; ``check_arguments``: the attention checks what
+        each layer passes it (the start-up probe)."""
         fused = self.fused_decoder
         if (
             fused is not None
@@ -461,7 +464,8 @@ class ModelRunner:
             del kwargs["input_ids"]
         if self._accepts_logits_to_keep:
             kwargs["logits_to_keep"] = logits_indices
-        with forward_context(md, self.kv_caches, self.kv_connector, self.kv_layers, self.kv_scales) as ctx:
+        caches = self.kv_caches, self.kv_connector, self.kv_layers, self.kv_scales
+        with forward_context(md, *caches, check_arguments=check_arguments) as ctx:
             output = self.model(**kwargs)
         if ctx.num_calls != self.spec.num_layers:
             raise AttentionRoutingError(
@@ -526,6 +530,6 @@ class ModelRunner:
             if sort:
                 self._profile_forward(ids, pos, md, keep)
             else:
-                self._forward(ids, pos, md, keep)
+                self._forward(ids, pos, md, keep, check_arguments=True)
         finally:
             self._kv_buffer, self.kv_caches, self.kv_layers, self.kv_connector = saved
