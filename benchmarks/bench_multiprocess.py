@@ -31,7 +31,7 @@ def _client(multiprocess: bool, **engine_kwargs: Any) -> Any:
         from vllite.plugins.engine_proc.client import SyncMPClient
 
         return SyncMPClient(config)
-    from vllite.engine.core_client import InprocClient
+    from vllite.plugins.inprocess_client.client import InprocClient
 
     return InprocClient(config)
 

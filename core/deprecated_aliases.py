@@ -1,5 +1,8 @@
 """Old import names that keep working for one release: renamed packages and the builtins moved out of the kernel.
 
+The tables are data (``deprecated_names.json`` beside this module); builtin packages add the modules that moved
+out of them when they are imported (:func:`register_moves`).
+
 A ``sys.meta_path`` finder maps each old name, and every submodule under it, to the module object of the new name
 (``vllite.schedulers.continuum`` *is* ``vllite.policies.continuum``), so classes imported either way are the same
 objects, and issues a ``DeprecationWarning`` the first time each old name is imported. Installed by
@@ -12,157 +15,36 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import json
 import sys
 import warnings
+from pathlib import Path
 from types import ModuleType
 
+_NAMES = json.loads((Path(__file__).with_name("deprecated_names.json")).read_text(encoding="utf-8"))
 #: old package name -> new package name (removed in the release after the rename).
-RENAMED_PACKAGES: dict[str, str] = {
-    "vllite.schedulers": "vllite.policies",
-    "vllite.plugins.executor": "vllite.plugins.transformers_executor",
-}
-
-_KV_CONNECTORS = "vllite.plugins.kv_connectors"
-_GRAMMARS = "vllite.plugins.structured_outputs"
-_EXECUTOR = "vllite.plugins.transformers_executor"
-_KV_CONNECTOR_MODULES: tuple[str, ...] = ("block_files", "offload", "offload_disk", "offload_worker", "p2p")
-_KV_CONNECTOR_MODULES += ("p2p_worker", "transfers", "shared_storage", "shared_storage_worker")
-_GRAMMAR_MODULES = ("xgrammar_backend", "guidance_backend", "bounded_strings", "strict_json")
-_VLLM_COMPAT = "vllite.plugins.vllm_compat"
-_VLLM_COMPAT_MODULES = ("finder", "served", "logger", "tokenizers", "torch_utils")
-_SIZING_NAMES: tuple[str, ...] = ("CPU_KVCACHE_SPACE_ENV", "DEFAULT_CPU_KVCACHE_SPACE_GIB", "cpu_kvcache_space_bytes")
-_SIZING_NAMES += ("determine_num_blocks", "gpu_kvcache_space_bytes", "kv_cache_bytes_per_token")
-# vLLM's slot-based logits processors: the interface, its buffers and the adapter, now the compatibility layer's.
-_PLUGINS = "vllite.plugins"
-_SLOT_MODULES = {"slot": "slot_adapter", "slot_interface": "slot_interface", "buffers": "buffers"}
-_SLOT_NAMES = {
-    "slot_adapter": ("SlotLogitsProcessorAdapter", "adapt_slot_processor", "is_slot_interface"),
-    "slot_interface": ("LogitsContext", "LogitsProcRequestState", "SlotLogitsProcessor"),
-    "buffers": ("StagedWriteTensor", "UvaBackedTensor"),
-}
-
+RENAMED_PACKAGES: dict[str, str] = _NAMES["renamed_packages"]
 #: modules that moved, old name -> new name (removed in the release after the move): mostly builtins that lived in
-#: the kernel (``core/``), now in a plugin; the CPU-thread plan went the other way, into ``vllite.platform``.
-MOVED_MODULES: dict[str, str] = {
-    **{f"vllite.kv_connector.{name}": f"{_KV_CONNECTORS}.{name}" for name in _KV_CONNECTOR_MODULES},
-    "vllite.kv_connector.builtin_plugin": f"{_KV_CONNECTORS}.plugin",
-    "vllite.kv_connector.testing": f"{_KV_CONNECTORS}.mock",
-    "vllite.sched.kv_transfer": f"{_KV_CONNECTORS}.scheduling",
-    **{f"vllite.structured_output.{name}": f"{_GRAMMARS}.{name}" for name in _GRAMMAR_MODULES},
-    "vllite.structured_output.builtin_plugin": f"{_GRAMMARS}.plugin",
-    "vllite.cpu_threads": "vllite.platform.cpu_threads",
-    f"{_EXECUTOR}.cpu_threads": "vllite.platform.cpu_threads",
-    "vllite.cpu_governor": f"{_EXECUTOR}.cpu_governor",
-    "vllite.kv_cache.sizing": f"{_EXECUTOR}.kv_cache_sizing",
-    "vllite.serial": "vllite.plugins.engine_proc.serial",
-    "vllite.cli_commands": "vllite.plugins.commands.plugin",
-    "vllite.plugin_report": "vllite.plugins.commands.plugin_report",
-    "vllite.testing.server": "vllite.plugins.openai_server.testing",
-    "vllite.kv_connector.conformance": "vllite.testing.kv_connector_conformance",
-    "vllite.vllm_compat": _VLLM_COMPAT,
-    **{f"vllite.vllm_compat.{name}": f"{_VLLM_COMPAT}.{name}" for name in _VLLM_COMPAT_MODULES},
-    "vllite.engine.beam_search": "vllite.plugins.beam_search.search",
-    "vllite.engine.step_log": "vllite.plugins.step_observers.step_log",
-    **{f"vllite.logits_processor.{old}": f"{_VLLM_COMPAT}.{new}" for old, new in _SLOT_MODULES.items()},
-}
-
-_SERVER = "vllite.plugins.openai_server"
-#: builtins that moved between builtin packages: (old package, new package, "old:new old:new ...").
-_BUILTIN_MOVES = (
-    (
-        "vllite.policies",
-        "vllite.plugins.tool_parsers",
-        "tool_call_extraction:extraction tool_call_scanners:scanners "
-        "tool_parser_base:base tool_parser_families:families tool_parsers:parsers tool_parsers_deepseek:deepseek "
-        "tool_parsers_harmony:harmony tool_parsers_json:json_parsers tool_parsers_xml:xml_parsers",
-    ),
-    (
-        "vllite.policies",
-        "vllite.plugins.bench",
-        "agent_bench:agent_bench agent_http:agent_http "
-        "agent_report:agent_report agent_sessions:agent_sessions bench_plugin:plugin sim_executor:sim_executor "
-        "traces:traces",
-    ),
-    ("vllite.policies", "vllite.plugins.step_observers", "trace:sched_trace"),
-    (
-        _SERVER,
-        "vllite.plugins.bench",
-        "bench:serve bench_client:serve_client bench_config:serve_config "
-        "bench_metrics:serve_metrics bench_requests:serve_requests",
-    ),
-    (
-        _SERVER,
-        f"{_SERVER}.anthropic",
-        "anthropic_messages:messages anthropic_protocol:protocol anthropic_routes:routes anthropic_stream:stream",
-    ),
-    (
-        _SERVER,
-        f"{_SERVER}.responses_api",
-        "responses_api_input:input responses_api_protocol:protocol responses_api_stream:stream response_store:store",
-    ),
-    (_SERVER, f"{_SERVER}.realtime", "realtime_protocol:protocol realtime_sampling:sampling realtime_turns:turns"),
-    (
-        _SERVER,
-        f"{_SERVER}.pooling",
-        "pooling_prompts:prompts pooling_protocol:protocol pooling_routes:routes pooling_serving:serving",
-    ),
-    (
-        _SERVER,
-        f"{_SERVER}.ops",
-        "ops_routes:routes server_load:load server_info:info kv_events_route:kv_events sagemaker:sagemaker",
-    ),
-    (_SERVER, f"{_SERVER}.observability", "metrics:metrics metric_specs:metric_specs tracing:tracing"),
-)
-MOVED_MODULES.update(
-    {
-        f"{old_package}.{pair.split(':')[0]}": f"{new_package}.{pair.split(':')[1]}"
-        for old_package, new_package, pairs in _BUILTIN_MOVES
-        for pair in pairs.split()
-    }
-)
-
-_AGENT_REPORT_NAMES = (
-    "percentile", "RunResult", "run_one", "BenchSettings", "make_sim_config", "make_real_args", "run_sweep",
-    "REPORT_FIELDS", "speedups", "write_report", "plot_jct",
-)  # fmt: skip
-
+#: the kernel, now in a plugin (a builtin package adds its own with :func:`register_moves`).
+MOVED_MODULES: dict[str, str] = _NAMES["moved_modules"]
 #: package -> {name it re-exported: the module that now holds it}.
-MOVED_ATTRIBUTES: dict[str, dict[str, str]] = {
-    "vllite.kv_cache": dict.fromkeys(_SIZING_NAMES, f"{_EXECUTOR}.kv_cache_sizing"),
-    "vllite.config": {"EngineArgs": "vllite.engine_args"},
-    **{
-        package: dict.fromkeys(("PriorityRequestQueue", "create_request_queue"), "vllite.policies.priority_queue")
-        for package in ("vllite.sched", "vllite.sched.request_queue")
-    },
-    "vllite.engine.stats": dict.fromkeys(
-        ("StatLogger", "StatLoggerFactory", "build_stat_loggers", "SpecDecodingStatLogger"),
-        "vllite.plugins.engine_proc.stat_loggers",
-    ),
-    "vllite.engine.output_processor": dict.fromkeys(
-        ("RequestOutputCollector", "merge_request_outputs"), "vllite.plugins.engine_proc.output_collector"
-    ),
-    "vllite.plugins.bench.agent_bench": dict.fromkeys(_AGENT_REPORT_NAMES, "vllite.plugins.bench.agent_report"),
-    "vllite.engine.pooling": dict.fromkeys(("score_prompt", "pair_up", "cosine_scores"), f"{_PLUGINS}.pooling.scoring"),
-    "vllite.kv_events": {"ZmqEventPublisher": "vllite.plugins.kv_events.zmq_publisher"},
-    "vllite.structured_output.manager": dict.fromkeys(
-        ("StructuredOutputManager", "fill_rows", "fill_one_by_one"), f"{_GRAMMARS}.manager"
-    ),
-    "vllite.logits_processor": {
-        name: f"{_VLLM_COMPAT}.{module}" for module, names in _SLOT_NAMES.items() for name in names
-    },
-    # A module that became the package of its family: its names are read through the package.
-    f"{_SERVER}.realtime": dict.fromkeys(("realtime_router", "RealtimeConnection"), f"{_SERVER}.realtime.session"),
-    f"{_SERVER}.responses_api": dict.fromkeys(
-        ("add_responses_routes", "create_response", "cancel_response", "start_response"),
-        f"{_SERVER}.responses_api.routes",
-    ),
-}
+MOVED_ATTRIBUTES: dict[str, dict[str, str]] = _NAMES["moved_attributes"]
 
 
-def moved_attribute(package: str, name: str) -> object:
-    """``package.name`` for a name that moved out of ``package`` (see :data:`MOVED_ATTRIBUTES`), with a
-    ``DeprecationWarning``; ``AttributeError`` for any other name. A package's ``__getattr__`` calls this."""
-    module = MOVED_ATTRIBUTES.get(package, {}).get(name)
+def register_moves(old_package: str, new_package: str, pairs: str) -> None:
+    """Serves each ``old:new`` pair of ``pairs`` (space-separated): ``old_package.old`` is ``new_package.new``. A
+    builtin package calls this for the modules that moved out of it, so each table lives with the package that
+    knows it (the package is imported before any of its old submodule names is looked up)."""
+    for pair in pairs.split():
+        old, new = pair.split(":")
+        MOVED_MODULES[f"{old_package}.{old}"] = f"{new_package}.{new}"
+
+
+def moved_attribute(package: str, name: str, moved: dict[str, str] | None = None) -> object:
+    """``package.name`` for a name that moved out of ``package`` (``moved`` maps it to its module; by default
+    :data:`MOVED_ATTRIBUTES` does), with a ``DeprecationWarning``; ``AttributeError`` for any other name. A
+    package's ``__getattr__`` calls this."""
+    module = (MOVED_ATTRIBUTES.get(package, {}) if moved is None else moved).get(name)
     if module is None:
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
     warnings.warn(

@@ -4,13 +4,12 @@ Every error the engine raises on purpose derives from :class:`VlliteError`, so c
 engine's own failures without swallowing programming errors. Bad user input stays a plain
 ``ValueError`` (as in vLLM), because that is what users and HTTP layers already map to a 400.
 
-The hierarchy (a class in brackets is a second base, kept so that callers catching it keep working)::
+The kernel's hierarchy (a class in brackets is a second base, kept so that callers catching it keep working)::
 
     VlliteError
     ├── PluginLoadError ── DuplicateComponentError
     ├── UnknownComponentError [ValueError], ModelLoadError [ValueError], KVCacheMemoryError [ValueError]
-    ├── VLLMValidationError [ValueError], VllmCompatImportError [ModuleNotFoundError]
-    ├── CpuThreadsConfigError [ValueError]
+    ├── VLLMValidationError [ValueError], CpuThreadsConfigError [ValueError]
     ├── EngineDeadError
     ├── EngineStartupError [RuntimeError]
     ├── EngineClientError [RuntimeError] ── EngineClientClosedError, EngineClientUsageError, UtilityCallError,
@@ -19,20 +18,19 @@ The hierarchy (a class in brackets is a second base, kept so that callers catchi
     │                                   KVCacheNotAllocatedError, DeviceUnavailableError, AttentionRoutingError
     ├── InternalStateError [RuntimeError] ── KVCacheStateError, BatchStateError
     ├── PluginHookError [RuntimeError], LogitsProcessorRowsError [RuntimeError]
-    ├── KVBlockFileError, KVLoadError, KVConnectorConformanceError, P2PTransferError
-    ├── BenchReplayError [RuntimeError], ServeBenchError [RuntimeError]
-    ├── LoRAAdapterError [ValueError] (an adapter that cannot be loaded or run)
     ├── SessionClosedError [ValueError] (an input chunk for a session that is not open)
-    ├── TracingUnavailableError (--otlp-traces-endpoint without the OpenTelemetry packages), BatchLineError
-    │   (a run-batch line that cannot run: its error record)
-    ├── the HTTP server's, one per status: BadRequestError [ValueError] (400) ── RealtimeEventError (an error
-    │   event on a /v1/realtime connection), UnauthorizedError (401),
-    │   ModelNotFoundError (404) ── LoRANotFoundError, ResponseNotFoundError (404), RequestFailedError (500),
-    │   AdmissionRejectedError (503) ── QueueOverflowError, MaxQueuedTokensError
-    └── UpstreamError (the disaggregation proxy could not reach a server: it answers 502)
+    └── RequestFailedError (a request the engine finished with an error; the server answers 500)
+
+A plugin's own errors live in the plugin and derive from :class:`VlliteError` too: the HTTP server's one per status
+(``vllite.plugins.openai_server.http_errors``), admission's 503s (``vllite.plugins.engine_proc.admission``), the KV
+connectors' (``vllite.plugins.kv_connectors.errors``), LoRA adapters' (``...transformers_executor.lora.errors``),
+the benchmarks' (``vllite.plugins.bench.errors``) and the vLLM compatibility layer's (``...vllm_compat.finder``).
+Their old names here still work for one release, with a ``DeprecationWarning``.
 """
 
 from __future__ import annotations
+
+from vllite import deprecated_aliases
 
 
 class VlliteError(Exception):
@@ -105,11 +103,6 @@ class VLLMValidationError(VlliteError, ValueError):
 class CpuThreadsConfigError(VlliteError, ValueError):
     """A CPU-threads variable (``VLLITE_CPU_OMP_THREADS_BIND``, ``VLLITE_CPU_NUM_THREADS``,
     ``VLLITE_CPU_NUM_OF_RESERVED_CPU``, ...) has a value that cannot be used; the message names the variable."""
-
-
-class VllmCompatImportError(VlliteError, ModuleNotFoundError):
-    """A ``vllm.*`` name that vllite's vLLM compatibility layer does not serve (no real vLLM is installed); the
-    message names it and lists what the layer does serve."""
 
 
 # ---------------------------------------------------------------------------- engine process / clients
@@ -196,25 +189,9 @@ class BatchStateError(InternalStateError):
 
 
 # ---------------------------------------------------------------------------- KV connectors
-class KVBlockFileError(VlliteError):
-    """A stored KV block file is missing, truncated, corrupt (checksum mismatch) or of another KV layout: the
-    connector treats it as a miss (or reports its blocks as failed loads), never loads it as KV."""
-
-
-class KVLoadError(VlliteError):
-    """A KV connector could not load a request's external KV (it reported the blocks as failed) and
-    ``kv_load_failure_policy`` is ``fail``: the request ends with ``FinishReason.ERROR`` carrying this message."""
-
-
-class P2PTransferError(VlliteError):
-    """The ``p2p`` connector's fetch of a request's KV from its producer failed (unreachable, timed out,
-    refused or malformed): the blocks are reported as failed loads, handled per ``kv_load_failure_policy``."""
 
 
 # ---------------------------------------------------------------------------- tools
-class KVConnectorConformanceError(VlliteError, AssertionError):
-    """A KV connector broke a rule of the contract under ``vllite.testing.kv_connector_conformance`` (an
-    ``AssertionError`` too, so pytest reports it as a failed check); the message names the rule."""
 
 
 class PluginHookError(VlliteError, RuntimeError):
@@ -242,118 +219,10 @@ class LogitsProcessorRowsError(VlliteError, RuntimeError):
         self.logits = logits
 
 
-class BenchReplayError(VlliteError, RuntimeError):
-    """The agent-bench replay cannot progress: jobs are unfinished with nothing in flight, or the engine stalled."""
-
-
-class ServeBenchError(VlliteError, RuntimeError):
-    """``vllite bench serve`` cannot run: the server is unreachable, lists no model, or fails the warm-up request."""
-
-
-# ---------------------------------------------------------------------------------------------- the HTTP server
-class BadRequestError(VlliteError, ValueError):
-    """A request the server rejects with HTTP 400; ``param`` names the offending field when there is one."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
-
-
-class RealtimeEventError(BadRequestError):
-    """A client event the server refuses: answered with one ``error`` event (``code``, ``param``, and the client's
-    ``event_id``) on that connection; the session goes on."""
-
-    def __init__(self, message: str, *, code: str, param: str | None = None, event_id: str | None = None) -> None:
-        super().__init__(message, param)
-        self.code = code
-        self.event_id = event_id
-
-
-class BatchLineError(VlliteError):
-    """A line of a ``vllite run-batch`` input file that cannot run: the HTTP status the server would answer, and
-    OpenAI's error fields (written as that line's error record)."""
-
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.param = param
-
-
-class TracingUnavailableError(VlliteError):
-    """``--otlp-traces-endpoint`` was given but the OpenTelemetry SDK or its OTLP exporter is not installed."""
-
-
-class ModelNotFoundError(VlliteError):
-    """The request names a model the server does not serve (HTTP 404); the message lists ``served``, if given."""
-
-    def __init__(self, name: str, served: tuple[str, ...] = ()) -> None:
-        listed = f" This server serves: {', '.join(served)}." if served else ""
-        super().__init__(f"The model `{name}` does not exist.{listed}")
-        self.name = name
-
-
-class LoRANotFoundError(ModelNotFoundError):
-    """An adapter the server does not serve (HTTP 404), with vLLM's message."""
-
-    def __init__(self, name: str) -> None:
-        VlliteError.__init__(self, f"The lora adapter '{name}' cannot be found.")
-        self.name = name
-
-
-class ResponseNotFoundError(VlliteError):
-    """No stored Responses-API response has this id (never stored, ``store: false``, or forgotten): HTTP 404;
-    ``param`` names the request field that gave it."""
-
-    def __init__(self, response_id: str, param: str | None = None) -> None:
-        super().__init__(f"Response with id {response_id!r} not found.")
-        self.param = param
-
-
-class LoRAAdapterError(VlliteError, ValueError):
-    """A LoRA adapter cannot be loaded or run; the message names the adapter and exactly what is wrong (a
-    ``ValueError`` too, as vLLM raises for bad adapters, so an HTTP layer answers 400)."""
-
-
-class UnauthorizedError(VlliteError):
-    """A ``/v1`` request without the server's API key (HTTP 401)."""
-
-
-class UpstreamError(VlliteError):
-    """A server of a disaggregation proxy's group could not be reached or broke the connection (the proxy answers
-    502)."""
-
-
-class AdmissionRejectedError(VlliteError):
-    """A request refused before it reaches the engine because the server has too much work in flight (HTTP 503, so
-    that a load balancer retries elsewhere; vLLM's ``GracefulHTTPError``): ``reason`` names the limit, as the
-    ``reason`` label of ``admission_rejections_total``; the message is vLLM's."""
-
-    reason = ""
-    message = ""
-
-    def __init__(self) -> None:
-        super().__init__(self.message)
-
-
-class QueueOverflowError(AdmissionRejectedError):
-    """``--max-num-queued-reqs``: the requests in flight (waiting or running) plus the new one's ``n`` exceed it."""
-
-    reason = "max_num_queued_reqs"
-    message = (
-        "The engine is currently busy and cannot accept new requests. Please try again later or on a different "
-        "instance."
-    )
-
-
-class MaxQueuedTokensError(AdmissionRejectedError):
-    """``--max-num-queued-tokens``: the prompt tokens of the requests still waiting for their first token reach it."""
-
-    reason = "max_num_queued_tokens"
-    message = (
-        "The engine has reached its prefill token backlog limit. Please try again later or on a different instance."
-    )
-
-
 class RequestFailedError(VlliteError):
     """A request the engine finished with an error (HTTP 500): a plugin failed on it, or its output could not be
     processed. The engine goes on serving the others."""
+
+
+def __getattr__(name: str) -> object:
+    return deprecated_aliases.moved_attribute(__name__, name)

@@ -131,10 +131,5 @@ def endpoint_for_rank(endpoint: str, data_parallel_rank: int) -> str:
     return f"{host}:{int(port) + data_parallel_rank}"
 
 
-def decode_batch(payload: bytes) -> KVEventBatch:
-    """A published payload back as a ``KVEventBatch`` (for subscribers and tests)."""
-    return msgspec.msgpack.decode(payload, type=KVEventBatch)
-
-
 def __getattr__(name: str) -> object:
-    return deprecated_aliases.moved_attribute(__name__, name)  # the ZMQ publisher, now the kv_events plugin's
+    return deprecated_aliases.moved_attribute(__name__, name)  # the ZMQ publisher's parts, now the kv_events plugin's

@@ -57,7 +57,7 @@ ESSENTIAL_PLUGINS: dict[str, str] = {
     "schedulers": "vllite.policies.builtin",
     "logitsprocs": "vllite.builtin_logitsprocs.plugin",
     "transformers_executor": "vllite.plugins.transformers_executor.plugin",
-    "inprocess_client": "vllite.engine.builtin_plugin",
+    "inprocess_client": "vllite.plugins.inprocess_client.plugin",
     "engine_proc": "vllite.plugins.engine_proc.plugin",
 }
 #: The builtins the environment may turn off by short name (``VLLITE_PLUGINS=-NAME``, ``VLLITE_DISABLED_PLUGINS``).

@@ -23,6 +23,7 @@ PACKAGES = {
     "builtin_logitsprocs": "vllite.builtin_logitsprocs",
     "vllite_kernels": "vllite.kernels",
     "vllite_testing": "vllite.testing",
+    "vllite_platform": "vllite.platform",
 }
 
 

@@ -121,8 +121,7 @@ def test_negative_limits_are_refused_naming_the_flag(field):
 def test_zero_limits_refuse_everything_and_running_requests_hold_no_token_backlog():
     """vLLM's arithmetic, on the frontend's own request states: ``n`` counts as ``n`` slots; a request that has
     produced its first output (running) counts toward the request limit but not the token backlog."""
-    from vllite.exceptions import MaxQueuedTokensError, QueueOverflowError
-    from vllite.plugins.engine_proc.admission import check_admission
+    from vllite.plugins.engine_proc.admission import MaxQueuedTokensError, QueueOverflowError, check_admission
 
     states = {"a": SimpleNamespace(prompt_len=100, is_prefilling=False)}  # running
     states["b"] = SimpleNamespace(prompt_len=7, is_prefilling=True)  # waiting for its first token

@@ -13,10 +13,10 @@ import pytest
 from aiohttp import web
 
 from tests.fake_openai import serve_app
-from vllite.exceptions import BenchReplayError
 from vllite.plugins.bench.agent_bench import new_prompt_tokens, replay, turn_params
 from vllite.plugins.bench.agent_http import HttpBackend, parse_prometheus, request_body
 from vllite.plugins.bench.agent_report import BenchSettings, run_sweep, write_report
+from vllite.plugins.bench.errors import BenchReplayError
 from vllite.plugins.bench.traces import Job, Turn, write_trace
 
 JOBS = [

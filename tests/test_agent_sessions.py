@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from vllite.exceptions import BenchReplayError
 from vllite.plugins.bench.agent_report import BenchSettings, run_sweep, speedups
 from vllite.plugins.bench.agent_sessions import SessionBook
+from vllite.plugins.bench.errors import BenchReplayError
 from vllite.plugins.bench.traces import Job, Turn, write_trace
 from vllite.sampling_params import SamplingParams
 

@@ -46,7 +46,7 @@ def test_the_tables():
     # What LLM(...).generate needs is essential: the FCFS scheduler, the executor, the engine clients and the
     # logits processors behind SamplingParams' min_tokens / logit_bias / min_p.
     assert {"vllite.policies.builtin", "vllite.plugins.transformers_executor.plugin"} <= set(essential.values())
-    assert {"vllite.engine.builtin_plugin", "vllite.builtin_logitsprocs.plugin"} <= set(essential.values())
+    assert {"vllite.plugins.inprocess_client.plugin", "vllite.builtin_logitsprocs.plugin"} <= set(essential.values())
     assert {"continuum", "bench", "sched_trace", "openai_server", "commands"} <= set(default)
 
 

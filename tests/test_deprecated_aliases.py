@@ -16,8 +16,23 @@ from pathlib import Path
 
 import pytest
 
+# Each of these two registers the modules that moved out of it when it is imported.
+import vllite.plugins.openai_server
+import vllite.policies  # noqa: F401
 from vllite.deprecated_aliases import MOVED_ATTRIBUTES, MOVED_MODULES, RENAMED_PACKAGES
 from vllite.plugin_manager import BUILTIN_PLUGINS, resolve_class_path
+
+#: names a builtin package re-exported and that moved within its plugin, kept by the package's own table.
+PLUGIN_MOVED_ATTRIBUTES = [
+    ("vllite.plugins.bench.agent_bench", "run_sweep", "vllite.plugins.bench.agent_report"),
+    ("vllite.plugins.bench.agent_bench", "RunResult", "vllite.plugins.bench.agent_report"),
+    ("vllite.plugins.openai_server.realtime", "realtime_router", "vllite.plugins.openai_server.realtime.session"),
+    (
+        "vllite.plugins.openai_server.responses_api",
+        "create_response",
+        "vllite.plugins.openai_server.responses_api.routes",
+    ),
+]
 
 CASES = [
     ("vllite.schedulers", "vllite.policies"),
@@ -52,13 +67,21 @@ def test_every_moved_module_is_gone_from_the_kernel_folder():
 
 @pytest.mark.parametrize(
     ("package", "name", "module"),
-    [(package, name, module) for package, names in MOVED_ATTRIBUTES.items() for name, module in names.items()],
+    [(package, name, module) for package, names in MOVED_ATTRIBUTES.items() for name, module in names.items()]
+    + PLUGIN_MOVED_ATTRIBUTES,
 )
 def test_moved_kernel_reexports_warn_and_are_the_new_objects(package, name, module):
     kernel_package = importlib.import_module(package)
     with pytest.warns(DeprecationWarning, match=rf"{package}.{name} is deprecated.*import it from {module} instead"):
         old = getattr(kernel_package, name)
     assert old is getattr(importlib.import_module(module), name)
+
+
+def test_each_builtin_package_registers_the_modules_that_moved_out_of_it():
+    moved_out = {old.rsplit(".", 1)[0] for old in MOVED_MODULES}
+    assert {"vllite.policies", "vllite.plugins.openai_server"} <= moved_out
+    assert MOVED_MODULES["vllite.policies.tool_parsers"] == "vllite.plugins.tool_parsers.parsers"
+    assert MOVED_MODULES["vllite.plugins.openai_server.bench"] == "vllite.plugins.bench.serve"
 
 
 def test_a_name_that_never_existed_is_still_an_import_error():

@@ -6,8 +6,8 @@ import pytest
 
 from vllite.config import CacheConfig, EngineConfig, ModelConfig
 from vllite.engine.core import EngineCore
-from vllite.engine.core_client import InprocClient
 from vllite.exceptions import ModelExecutionError
+from vllite.plugins.inprocess_client.client import InprocClient
 from vllite.protocol import EngineCoreRequest, FinishReason
 from vllite.sampling_params import SamplingParams
 

@@ -9,11 +9,10 @@ from typing import Any
 
 import pytest
 
-from vllite.exceptions import KVConnectorConformanceError
 from vllite.kv_connector import KVConnectorBase
 from vllite.plugins.kv_connectors.mock import MOCK_CONNECTOR
 from vllite.testing.kv_connector_conformance import *  # noqa: F403  (collects test_kv_connector_conformance)
-from vllite.testing.kv_connector_conformance import run_conformance
+from vllite.testing.kv_connector_conformance import KVConnectorConformanceError, run_conformance
 
 MOCK_CONFIGS: dict[str, tuple[dict[str, Any], bool]] = {
     # name -> (kv_connector_extra_config, outputs comparable: the mock loads nothing, so only 0 external tokens)

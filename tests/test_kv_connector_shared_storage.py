@@ -26,12 +26,12 @@ from test_executor_support import (
 )
 
 from tests.plugin_utils import forget_modules, make_distribution
-from vllite.exceptions import KVBlockFileError
 from vllite.kv_connector.base import KVConnectorRole
 from vllite.kv_connector.config import KVTransferConfig
 from vllite.kv_connector.factory import connector_class, create_connector
 from vllite.plugin_manager import reset_plugin_manager
 from vllite.plugins.kv_connectors.block_files import SUFFIX, is_complete, read_block, write_block
+from vllite.plugins.kv_connectors.errors import KVBlockFileError
 from vllite.plugins.kv_connectors.shared_storage import SharedStorageConnector
 from vllite.plugins.transformers_executor.executor import DefaultExecutor
 from vllite.request import Request

@@ -19,9 +19,9 @@ from vllite.kv_events import (
     BlockRemoved,
     BlockStored,
     KVEventsConfig,
-    decode_batch,
     endpoint_for_rank,
 )
+from vllite.plugins.kv_events.zmq_publisher import decode_batch
 from vllite.testing import make_tiny_model_dir_cached
 
 BLOCK = 16

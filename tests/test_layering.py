@@ -37,6 +37,7 @@ class Rule:
     why: str
     any_depth: bool = True  # False: only imports that run when the module is imported count
     exempt: tuple[str, ...] = ()
+    allowed: tuple[str, ...] = ()  # names under ``forbidden`` that stay allowed
 
 
 RULES = (
@@ -72,6 +73,14 @@ RULES = (
         "schedulers",
         ("vllite.plugins",),
         "policies import the kernel only; a plugin they need (a tool parser) is found through the registry",
+    ),
+    Rule(
+        "platform-below-kernel",
+        "vllite_platform",
+        ("vllite",),
+        "the platform layer sits below the kernel and every plugin, which all reach it downward; it shares only "
+        "the errors",
+        allowed=("vllite.exceptions", "vllite.platform"),
     ),
 )
 
@@ -121,8 +130,12 @@ def violations(rule: Rule, path: str, source: str) -> list[str]:
     return [
         f"line {line}: {name}"
         for line, name in imports(source, path, rule.any_depth)
-        if any(name == package or name.startswith(package + ".") for package in rule.forbidden)
+        if _under(name, rule.forbidden) and not _under(name, rule.allowed)
     ]
+
+
+def _under(name: str, packages: tuple[str, ...]) -> bool:
+    return any(name == package or name.startswith(package + ".") for package in packages)
 
 
 def covered(rule: Rule) -> list[str]:
@@ -186,6 +199,11 @@ SAMPLES = {
         "plugins/engine_proc/example.py",
         "from vllite.config import VlliteConfig\ndef place():\n    from ..transformers_executor import cpu_threads\n",
         "from vllite.plugins.engine_proc.serial import encode\nimport vllite.platforms\n",
+    ),
+    "platform-below-kernel": (
+        "vllite_platform/example.py",
+        "from vllite.exceptions import VlliteError\ndef f():\n    from vllite.config import EngineConfig\n",
+        "from vllite.exceptions import CpuThreadsConfigError\nfrom vllite.platform import cuda_available\n",
     ),
     "policies-no-plugin": (
         "schedulers/example.py",

@@ -22,7 +22,7 @@ import torch
 
 from vllite.config import EngineConfig
 from vllite.engine_args import EngineArgs
-from vllite.exceptions import VlliteError, VllmCompatImportError, VLLMValidationError
+from vllite.exceptions import VlliteError, VLLMValidationError
 from vllite.logits_processor import (
     BatchUpdateBuilder,
     LogitsProcessor,
@@ -31,7 +31,7 @@ from vllite.logits_processor import (
 )
 from vllite.plugins import vllm_compat
 from vllite.plugins.vllm_compat.buffers import StagedWriteTensor, UvaBackedTensor
-from vllite.plugins.vllm_compat.finder import VllmCompatFinder
+from vllite.plugins.vllm_compat.finder import VllmCompatFinder, VllmCompatImportError
 from vllite.plugins.vllm_compat.slot_adapter import SlotLogitsProcessorAdapter
 from vllite.plugins.vllm_compat.slot_interface import LogitsProcRequestState
 from vllite.sampling_params import SamplingParams

@@ -28,10 +28,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vllite.exceptions import KVConnectorConformanceError
+from vllite.exceptions import VlliteError
 from vllite.kv_connector.base import KVConnectorBase, KVConnectorOutput, KVConnectorRole
 from vllite.kv_connector.config import KVTransferConfig
 from vllite.kv_connector.factory import create_connector
+
+
+class KVConnectorConformanceError(VlliteError, AssertionError):
+    """A KV connector broke a rule of the contract under ``vllite.testing.kv_connector_conformance`` (an
+    ``AssertionError`` too, so pytest reports it as a failed check); the message names the rule."""
+
 
 if TYPE_CHECKING:
     from vllite.engine.llm_engine import LLMEngine

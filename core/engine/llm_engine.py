@@ -114,18 +114,18 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ utilities
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
-        return self.engine_core.reset_prefix_cache(reset_running_requests)
+        return self.engine_core.call_utility("reset_prefix_cache", reset_running_requests)
 
     def pause_scheduler(self, mode: str = "abort", clear_cache: bool = True) -> None:
         """Pauses scheduling: ``abort`` in-flight requests (they finish with ABORT), ``wait`` for them to finish,
         or ``keep`` them frozen; returns once paused. New requests queue until :meth:`resume_scheduler`."""
-        self.engine_core.pause_scheduler(mode, clear_cache)
+        self.engine_core.call_utility("pause_scheduler", mode, clear_cache)
 
     def resume_scheduler(self) -> None:
-        self.engine_core.resume_scheduler()
+        self.engine_core.call_utility("resume_scheduler")
 
     def is_scheduler_paused(self) -> bool:
-        return self.engine_core.is_scheduler_paused()
+        return self.engine_core.call_utility("is_scheduler_paused")
 
     def sleep(self, level: int = 1, mode: str = "abort") -> None:
         """Pauses (``mode``, as :meth:`pause_scheduler`) and frees memory (level 1: weights offloaded, KV cache
@@ -134,37 +134,37 @@ class LLMEngine:
         from vllite.engine.core import check_sleep_mode
 
         check_sleep_mode(self.config, "sleep", level=level)
-        self.engine_core.sleep(level, mode)
+        self.engine_core.call_utility("sleep", level, mode)
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         from vllite.engine.core import check_sleep_mode
 
         check_sleep_mode(self.config, "wake_up", tags=[t for t in tags or () if t != "scheduling"])
-        self.engine_core.wake_up(tags)
+        self.engine_core.call_utility("wake_up", tags)
 
     def is_sleeping(self) -> bool:
-        return self.engine_core.is_sleeping()
+        return self.engine_core.call_utility("is_sleeping")
 
     # LoRA adapters, by their lora_int_id (vLLM's names).
     def add_lora(self, lora_request: LoRARequest) -> bool:
-        return self.engine_core.add_lora(lora_request)
+        return self.engine_core.call_utility("add_lora", lora_request)
 
     def remove_lora(self, lora_id: int) -> bool:
-        return self.engine_core.remove_lora(lora_id)
+        return self.engine_core.call_utility("remove_lora", lora_id)
 
     def list_loras(self) -> set[int]:
-        return self.engine_core.list_loras()
+        return set(self.engine_core.call_utility("list_loras"))
 
     def pin_lora(self, lora_id: int) -> bool:
-        return self.engine_core.pin_lora(lora_id)
+        return self.engine_core.call_utility("pin_lora", lora_id)
 
     def start_profile(self, profile_prefix: str | None = None) -> None:
         """Starts ``torch.profiler`` in the engine (traces go to ``$VLLITE_TORCH_PROFILER_DIR``)."""
-        self.engine_core.profile(True, profile_prefix)
+        self.engine_core.call_utility("profile", True, profile_prefix)
 
     def stop_profile(self) -> None:
         """Stops the engine's profiler; the trace is written when this returns."""
-        self.engine_core.profile(False)
+        self.engine_core.call_utility("profile", False, None)
 
     def collective_rpc(
         self,
@@ -175,7 +175,7 @@ class LLMEngine:
     ) -> list[Any]:
         """Calls ``method`` (a worker method's name, or in-process a callable ``fn(worker, *args, **kwargs)``) on
         every worker of every engine; their results in order (vLLM's ``collective_rpc``)."""
-        results = self.engine_core.collective_rpc(method, timeout, args, kwargs)
+        results = self.engine_core.call_utility("collective_rpc", method, timeout, tuple(args), kwargs)
         if self.config.parallel_config.data_parallel_size > 1:  # one list per engine
             return [result for engine_results in results for result in engine_results]
         return list(results)

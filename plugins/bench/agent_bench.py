@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from vllite import deprecated_aliases
-from vllite.exceptions import BenchReplayError
+from vllite.plugins.bench.errors import BenchReplayError
 from vllite.plugins.bench.traces import Job
 from vllite.sampling_params import SamplingParams
 
@@ -182,9 +182,9 @@ class RealBackend:
     virtual = False
 
     def __init__(self, engine_args: Any) -> None:
-        from vllite.engine.core_client import InprocClient
         from vllite.engine.llm_engine import LLMEngine
         from vllite.plugins.bench.sim_executor import step_load
+        from vllite.plugins.inprocess_client.client import InprocClient
 
         self.engine = LLMEngine.from_engine_args(engine_args, multiprocess=False)
         client = self.engine.engine_core
@@ -402,6 +402,19 @@ def replay(
     return run.results(start)
 
 
+_REPORT_NAMES: tuple[str, ...] = (
+    "percentile",
+    "RunResult",
+    "run_one",
+    "BenchSettings",
+    "make_sim_config",
+    "make_real_args",
+)
+_REPORT_NAMES += ("run_sweep", "REPORT_FIELDS", "speedups", "write_report", "plot_jct")
+
+
 def __getattr__(name: str) -> Any:
     # The sweep and report names moved to agent_report (which imports this module): they keep working one release.
-    return deprecated_aliases.moved_attribute(__name__, name)
+    return deprecated_aliases.moved_attribute(
+        __name__, name, dict.fromkeys(_REPORT_NAMES, "vllite.plugins.bench.agent_report")
+    )

@@ -26,8 +26,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from vllite.exceptions import BenchReplayError
 from vllite.plugins.bench.agent_bench import StepEvents
+from vllite.plugins.bench.errors import BenchReplayError
 from vllite.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -221,7 +221,7 @@ class HttpBackend:
 
     def step(self) -> tuple[StepEvents, bool]:
         """The turns finished since the last call (waits up to ``poll_s`` for one); a failed turn raises
-        :class:`~vllite.exceptions.BenchReplayError` with the server's answer."""
+        :class:`~vllite.plugins.bench.errors.BenchReplayError` with the server's answer."""
         try:
             finished = [self._done.get(timeout=self.poll_s)]
         except queue.Empty:

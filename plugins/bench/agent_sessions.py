@@ -24,9 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllite.exceptions import BenchReplayError
 from vllite.plugins.bench.agent_bench import RealBackend, SimBackend, StepEvents
 from vllite.plugins.bench.agent_http import is_http_engine
+from vllite.plugins.bench.errors import BenchReplayError
 from vllite.sampling_params import SamplingParams
 
 #: Replay modes: each turn a new stateless request (the history resent), or each job one session.

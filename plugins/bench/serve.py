@@ -25,7 +25,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vllite.exceptions import ServeBenchError
+from vllite.plugins.bench.errors import ServeBenchError
 from vllite.plugins.bench.serve_client import RequestResult, stream_request
 from vllite.plugins.bench.serve_config import ServeBenchConfig, config_from_args
 from vllite.plugins.bench.serve_metrics import format_table, summarize

@@ -5,9 +5,9 @@ The frontend refuses a request before it reaches the engine, with no round trip,
 and which of them have not produced their first output yet (still waiting or prefilling) with their prompt lengths.
 
 - ``max_num_queued_reqs``: refused when the unfinished requests plus the new one's ``n`` exceed it (a request with
-  ``n > 1`` takes ``n`` slots, its child requests) — :class:`~vllite.exceptions.QueueOverflowError`.
+  ``n > 1`` takes ``n`` slots, its child requests) — :class:`QueueOverflowError`.
 - ``max_num_queued_tokens``: refused when the prompt tokens of the requests without a first output reach it (the
-  backlog already there, not counting the new request, as vLLM) — :class:`~vllite.exceptions.MaxQueuedTokensError`.
+  backlog already there, not counting the new request, as vLLM) — :class:`MaxQueuedTokensError`.
 
 The request limit is checked first; ``None`` is no limit, 0 refuses everything. Both errors are a 503, which the
 server answers with vLLM's body. :func:`admit` also tells each stat logger that has
@@ -22,7 +22,39 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from vllite.exceptions import AdmissionRejectedError, MaxQueuedTokensError, QueueOverflowError
+from vllite.exceptions import VlliteError
+
+
+class AdmissionRejectedError(VlliteError):
+    """A request refused before it reaches the engine because the server has too much work in flight (HTTP 503, so
+    that a load balancer retries elsewhere; vLLM's ``GracefulHTTPError``): ``reason`` names the limit, as the
+    ``reason`` label of ``admission_rejections_total``; the message is vLLM's."""
+
+    reason = ""
+    message = ""
+
+    def __init__(self) -> None:
+        super().__init__(self.message)
+
+
+class QueueOverflowError(AdmissionRejectedError):
+    """``--max-num-queued-reqs``: the requests in flight (waiting or running) plus the new one's ``n`` exceed it."""
+
+    reason = "max_num_queued_reqs"
+    message = (
+        "The engine is currently busy and cannot accept new requests. Please try again later or on a different "
+        "instance."
+    )
+
+
+class MaxQueuedTokensError(AdmissionRejectedError):
+    """``--max-num-queued-tokens``: the prompt tokens of the requests still waiting for their first token reach it."""
+
+    reason = "max_num_queued_tokens"
+    message = (
+        "The engine has reached its prefill token backlog limit. Please try again later or on a different instance."
+    )
+
 
 logger = logging.getLogger(__name__)
 

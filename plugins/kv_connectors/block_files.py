@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from vllite.exceptions import KVBlockFileError
+from vllite.plugins.kv_connectors.errors import KVBlockFileError
 
 FORMAT = "vllite-kv-block/1"
 TENSOR = "kv"

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from vllite.exceptions import KVBlockFileError
 from vllite.plugins.kv_connectors.block_files import SUFFIX, read_block, write_block
+from vllite.plugins.kv_connectors.errors import KVBlockFileError
 
 logger = logging.getLogger(__name__)
 

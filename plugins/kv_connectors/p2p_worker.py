@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import torch
 import zmq
 
-from vllite.exceptions import P2PTransferError
 from vllite.plugins.kv_connectors.background_loads import BackgroundLoads
+from vllite.plugins.kv_connectors.errors import P2PTransferError
 
 logger = logging.getLogger(__name__)
 

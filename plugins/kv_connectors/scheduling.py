@@ -23,11 +23,12 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from vllite.exceptions import KVLoadError, PluginHookError
+from vllite.exceptions import PluginHookError
 from vllite.kv_cache.manager import PrefixCacheStats
 from vllite.kv_connector.base import KVConnectorRole
 from vllite.kv_connector.factory import create_connector
 from vllite.kv_connector.scheduler_side import KVTransfer
+from vllite.plugins.kv_connectors.errors import KVLoadError
 from vllite.request import Request, RequestStatus
 from vllite.sched.faults import release_finished
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from vllite.exceptions import KVBlockFileError
 from vllite.plugins.kv_connectors.block_files import SUFFIX, is_complete, read_block, write_block
+from vllite.plugins.kv_connectors.errors import KVBlockFileError
 from vllite.plugins.kv_connectors.transfers import BlockTransfer, PendingSave
 
 logger = logging.getLogger(__name__)

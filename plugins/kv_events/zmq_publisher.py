@@ -22,6 +22,11 @@ from vllite.kv_events import END_SEQ, KVEventBatch, KVEventsConfig, endpoint_for
 logger = logging.getLogger(__name__)
 
 
+def decode_batch(payload: bytes) -> KVEventBatch:
+    """A published payload back as a ``KVEventBatch`` (for subscribers and tests)."""
+    return msgspec.msgpack.decode(payload, type=KVEventBatch)
+
+
 class ZmqEventPublisher:
     """Publishes ``KVEventBatch``es on a ZMQ PUB socket from a background thread (the engine loop only enqueues),
     and serves replays on an optional ROUTER socket. ``publish`` drops a batch (with a warning) when the queue is

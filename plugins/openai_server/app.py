@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from vllite.exceptions import BadRequestError, VlliteError
+from vllite.exceptions import VlliteError
 from vllite.plugins.openai_server.context import ServerContext
 from vllite.plugins.openai_server.errors import classify, error_response
 from vllite.plugins.openai_server.http_common import (
@@ -28,6 +28,7 @@ from vllite.plugins.openai_server.http_common import (
     json_response,
     respond,
 )
+from vllite.plugins.openai_server.http_errors import BadRequestError
 from vllite.plugins.openai_server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -175,7 +176,7 @@ def _add_lora_routes(router: APIRouter, ctx: ServerContext) -> None:
 
     @router.post("/unload_lora_adapter")
     async def unload_lora_adapter(body: UnloadLoRAAdapterRequest) -> Response:
-        from vllite.exceptions import LoRANotFoundError
+        from vllite.plugins.openai_server.http_errors import LoRANotFoundError
 
         check_alive(ctx)
         try:

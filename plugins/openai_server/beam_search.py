@@ -12,11 +12,11 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-from vllite.exceptions import BadRequestError
 from vllite.outputs import CompletionOutput, RequestOutput
 from vllite.plugins.beam_search.search import BeamSearch, eos_token_ids
 from vllite.plugins.openai_server.context import ServerContext
 from vllite.plugins.openai_server.errors import check_sample
+from vllite.plugins.openai_server.http_errors import BadRequestError
 from vllite.plugins.openai_server.protocol import SamplingFields
 from vllite.plugins.openai_server.streams import submit
 from vllite.sampling_params import BeamSearchParams

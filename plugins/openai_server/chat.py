@@ -23,12 +23,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from vllite.exceptions import BadRequestError
 from vllite.outputs import CompletionOutput, RequestOutput
 from vllite.plugins.openai_server.chat_template import render_messages
 from vllite.plugins.openai_server.context import ServerContext
 from vllite.plugins.openai_server.errors import check_sample, error_event
 from vllite.plugins.openai_server.event_stream import EventStream
+from vllite.plugins.openai_server.http_errors import BadRequestError
 from vllite.plugins.openai_server.logprobs import PromptLogprobsJSON, chat_logprobs, prompt_logprobs_json
 from vllite.plugins.openai_server.protocol import ChatCompletionRequest, random_id
 from vllite.plugins.openai_server.reasoning import ReasoningMode

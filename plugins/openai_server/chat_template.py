@@ -14,8 +14,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from vllite.exceptions import BadRequestError
 from vllite.plugins.openai_server.context import ServerContext
+from vllite.plugins.openai_server.http_errors import BadRequestError
 from vllite.plugins.openai_server.protocol import ChatMessage
 
 

@@ -7,8 +7,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllite.exceptions import ModelNotFoundError
 from vllite.lora import LoRARequest
+from vllite.plugins.openai_server.http_errors import ModelNotFoundError
 from vllite.plugins.openai_server.lora import LoRAModule, ServedLoRAs
 from vllite.plugins.openai_server.tasks import check_generating
 

@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
-from vllite.exceptions import UpstreamError
 from vllite.plugins.openai_server.errors import error_response
+from vllite.plugins.openai_server.http_errors import UpstreamError
 from vllite.plugins.openai_server.responses import encode
 
 if TYPE_CHECKING:

@@ -10,17 +10,10 @@ from __future__ import annotations
 
 import logging
 
-from vllite.exceptions import (
-    AdmissionRejectedError,
-    BadRequestError,
-    EngineClientClosedError,
-    EngineDeadError,
-    ModelNotFoundError,
-    RequestFailedError,
-    RequestProcessingError,
-    UnauthorizedError,
-)
+from vllite.exceptions import EngineClientClosedError, EngineDeadError, RequestFailedError, RequestProcessingError
 from vllite.outputs import CompletionOutput
+from vllite.plugins.engine_proc.admission import AdmissionRejectedError
+from vllite.plugins.openai_server.http_errors import BadRequestError, ModelNotFoundError, UnauthorizedError
 from vllite.plugins.openai_server.responses import ErrorInfo, ErrorResponse, sse
 
 logger = logging.getLogger("vllite.server")

@@ -15,10 +15,10 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 
-from vllite.exceptions import BadRequestError
 from vllite.plugins.openai_server.context import ServerContext
 from vllite.plugins.openai_server.errors import UnauthorizedError, error_response
 from vllite.plugins.openai_server.event_stream import EventStream, EventStreamResponse
+from vllite.plugins.openai_server.http_errors import BadRequestError
 from vllite.plugins.openai_server.responses import encode
 
 JSON = "application/json"

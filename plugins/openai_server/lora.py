@@ -19,13 +19,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vllite.exceptions import (
-    BadRequestError,
-    EngineClientClosedError,
-    EngineDeadError,
-    LoRANotFoundError,
-)
+from vllite.exceptions import EngineClientClosedError, EngineDeadError
 from vllite.lora import LoRARequest
+from vllite.plugins.openai_server.http_errors import BadRequestError, LoRANotFoundError
 
 logger = logging.getLogger("vllite.server")
 

@@ -16,7 +16,7 @@ import io
 from typing import Any
 
 from vllite.engine.request_checks import check_prompt_embeds
-from vllite.exceptions import BadRequestError
+from vllite.plugins.openai_server.http_errors import BadRequestError
 from vllite.protocol import EngineInfo
 
 __all__ = ["load_prompt_embeds"]

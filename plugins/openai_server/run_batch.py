@@ -32,7 +32,7 @@ from typing import IO, Any
 import msgspec
 import pydantic
 
-from vllite.exceptions import BatchLineError
+from vllite.plugins.openai_server.http_errors import BatchLineError
 
 logger = logging.getLogger("vllite.server")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from vllite.exceptions import BadRequestError
+from vllite.plugins.openai_server.http_errors import BadRequestError
 from vllite.plugins.openai_server.protocol import SamplingFields
 from vllite.repetition import as_repetition_detection
 from vllite.sampling_params import RequestOutputKind, SamplingParams

@@ -13,8 +13,8 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from vllite.exceptions import BadRequestError
 from vllite.outputs import RequestOutput
+from vllite.plugins.openai_server.http_errors import BadRequestError
 from vllite.plugins.openai_server.sampling import field_named_in
 from vllite.sampling_params import SamplingParams
 

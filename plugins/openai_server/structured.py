@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllite.exceptions import BadRequestError
+from vllite.plugins.openai_server.http_errors import BadRequestError
 from vllite.plugins.openai_server.protocol import ChatCompletionRequest, NamedToolChoice, SamplingFields
 from vllite.structured_output.params import StructuredOutputsConfig, StructuredOutputsParams
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllite.exceptions import BadRequestError
+from vllite.plugins.openai_server.http_errors import BadRequestError
 
 #: The routes a pooling model answers, for the message a generating route gives it.
 POOLING_ROUTES = "/v1/embeddings, /pooling, /classify, /score, /rerank"

@@ -7,8 +7,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from vllite.exceptions import BadRequestError
 from vllite.plugins.openai_server.context import ServerContext
+from vllite.plugins.openai_server.http_errors import BadRequestError
 from vllite.plugins.openai_server.protocol import ChatCompletionRequest, NamedToolChoice, random_id
 from vllite.plugins.openai_server.responses import (
     DeltaFunctionCall,

@@ -12,7 +12,7 @@ logits_processor.BatchUpdate`` *is* ``vllite.logits_processor.BatchUpdate``), li
   process (logits-processor loading and entry-point loading).
 - It is a builtin adapter, not a registered plugin: the kernel imports it inside the functions that load plugins.
   Its old name ``vllite.vllm_compat`` is a deprecated alias for one release (``vllite.deprecated_aliases``).
-- A ``vllm.*`` name it does not serve fails with :class:`~vllite.exceptions.VllmCompatImportError` (a
+- A ``vllm.*`` name it does not serve fails with :class:`~vllite.plugins.vllm_compat.finder.VllmCompatImportError` (a
   ``ModuleNotFoundError``) whose message names it and lists what the layer provides.
 """
 

@@ -4,7 +4,7 @@ The finder answers for ``vllm`` only after asking every other finder on ``sys.me
 a real ``vllm``, it returns ``None`` and the real package is imported. For ``vllm.x.y`` it answers only when the
 ``vllm`` already imported is this layer's, and then either serves the module (a module object whose names,
 listed in :data:`~vllite.plugins.vllm_compat.served.SERVED_MODULES`, resolve to vllite's objects on first use) or
-raises :class:`~vllite.exceptions.VllmCompatImportError` saying what the layer does provide.
+raises :class:`~vllite.plugins.vllm_compat.finder.VllmCompatImportError` saying what the layer does provide.
 
 Every served module is a package, so ``from vllm.config import Missing`` also reaches the finder (as the
 import of ``vllm.config.Missing``) and fails with that message rather than Python's bare "cannot import name".
@@ -20,9 +20,15 @@ import threading
 from types import ModuleType
 from typing import Any
 
-from vllite.exceptions import VllmCompatImportError
+from vllite.exceptions import VlliteError
 from vllite.plugins.vllm_compat.served import SERVED_MODULES, VLLM_API_VERSION, submodules
 from vllite.version import __version__ as _vllite_version
+
+
+class VllmCompatImportError(VlliteError, ModuleNotFoundError):
+    """A ``vllm.*`` name that vllite's vLLM compatibility layer does not serve (no real vLLM is installed); the
+    message names it and lists what the layer does serve."""
+
 
 TOP = "vllm"
 #: ``vllm.__version__`` of the served package: the vLLM API followed, with vllite's version as local label.

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from vllite.exceptions import BadRequestError
 from vllite.plugins.openai_server.anthropic.protocol import (
     ContentBlock,
     ConversationFields,
@@ -39,6 +38,7 @@ from vllite.plugins.openai_server.anthropic.protocol import (
 )
 from vllite.plugins.openai_server.context import ServerContext
 from vllite.plugins.openai_server.event_stream import EventStream
+from vllite.plugins.openai_server.http_errors import BadRequestError
 from vllite.plugins.openai_server.protocol import (
     ChatCompletionRequest,
     ChatMessage,

@@ -17,7 +17,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
-from vllite.exceptions import BadRequestError, UnauthorizedError
 from vllite.plugins.openai_server.anthropic.messages import count_tokens, create_message
 from vllite.plugins.openai_server.anthropic.protocol import (
     CountTokensRequest,
@@ -29,6 +28,7 @@ from vllite.plugins.openai_server.anthropic.protocol import (
 from vllite.plugins.openai_server.context import ServerContext
 from vllite.plugins.openai_server.errors import classify
 from vllite.plugins.openai_server.event_stream import EventStream, EventStreamResponse
+from vllite.plugins.openai_server.http_errors import BadRequestError, UnauthorizedError
 
 Body = TypeVar("Body", bound=BaseModel)
 

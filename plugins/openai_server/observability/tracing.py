@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from vllite.engine.stats import FinishedRequestStats, IterationStats, current_trace_headers
-from vllite.exceptions import TracingUnavailableError
+from vllite.plugins.openai_server.http_errors import TracingUnavailableError
 from vllite.protocol import SchedulerStats
 
 logger = logging.getLogger(__name__)

@@ -31,8 +31,9 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.responses import Response
 from pydantic import Field
 
-from vllite.exceptions import BadRequestError, UtilityCallError
+from vllite.exceptions import UtilityCallError
 from vllite.plugins.openai_server.context import ServerContext
+from vllite.plugins.openai_server.http_errors import BadRequestError
 from vllite.plugins.openai_server.protocol import RequestModel
 
 logger = logging.getLogger("vllite.server")

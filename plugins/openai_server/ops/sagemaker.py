@@ -16,8 +16,8 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 
-from vllite.exceptions import BadRequestError
 from vllite.plugins.openai_server.context import ServerContext
+from vllite.plugins.openai_server.http_errors import BadRequestError
 
 Handler = Callable[[ServerContext, Any, Request], Awaitable[Response]]
 

@@ -1,7 +1,7 @@
 """The pooling routes' inputs, checked before anything reaches the engine: which task the model serves, the inputs
 as token ids (tokenized and truncated here, once), and each one's length and token ids against the model's limits.
 
-Every failure is a :class:`~vllite.exceptions.BadRequestError` (HTTP 400) naming the request field, raised before
+Every failure is a :class:`~.http_errors.BadRequestError` (HTTP 400) naming the request field, raised before
 the first input is submitted, so a bad request fails alone and leaves nothing running.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from vllite.exceptions import BadRequestError
+from vllite.plugins.openai_server.http_errors import BadRequestError
 from vllite.plugins.openai_server.tasks import GENERATING_ROUTES, supported_tasks
 
 if TYPE_CHECKING:

@@ -16,10 +16,11 @@ from typing import Any
 
 import torch
 
-from vllite.exceptions import BadRequestError, RequestFailedError
+from vllite.exceptions import RequestFailedError
 from vllite.lora import LoRARequest
 from vllite.outputs import PoolingRequestOutput, ScoringRequestOutput
 from vllite.plugins.openai_server.context import ServerContext
+from vllite.plugins.openai_server.http_errors import BadRequestError
 from vllite.plugins.openai_server.pooling.prompts import (
     check_dimensions,
     check_token_ids,

@@ -4,8 +4,10 @@
 
 from vllite import deprecated_aliases
 
+_MOVED = dict.fromkeys(("realtime_router", "RealtimeConnection"), f"{__name__}.session")
+
 
 def __getattr__(name: str) -> object:
     # The module this package replaced (``realtime.py``) is now ``realtime.session``: its names keep working one
     # release.
-    return deprecated_aliases.moved_attribute(__name__, name)
+    return deprecated_aliases.moved_attribute(__name__, name, _MOVED)

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 
-from vllite.exceptions import RealtimeEventError
+from vllite.plugins.openai_server.http_errors import RealtimeEventError
 
 # ---------------------------------------------------------------------------------------------- client events
 

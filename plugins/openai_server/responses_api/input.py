@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from vllite.exceptions import BadRequestError
+from vllite.plugins.openai_server.http_errors import BadRequestError
 from vllite.plugins.openai_server.protocol import (
     ChatCompletionRequest,
     ChatMessage,

@@ -26,11 +26,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import TypeAdapter
 
-from vllite.exceptions import BadRequestError, ResponseNotFoundError
 from vllite.plugins.openai_server.chat import ChatRun, start_chat
 from vllite.plugins.openai_server.context import ServerContext
 from vllite.plugins.openai_server.errors import check_sample, error_response
 from vllite.plugins.openai_server.event_stream import EventStream, EventStreamResponse
+from vllite.plugins.openai_server.http_errors import BadRequestError, ResponseNotFoundError
 from vllite.plugins.openai_server.protocol import random_id
 from vllite.plugins.openai_server.responses import now
 from vllite.plugins.openai_server.responses_api.input import input_items, to_chat_request, to_messages

@@ -10,7 +10,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllite.exceptions import ResponseNotFoundError
+from vllite.plugins.openai_server.http_errors import ResponseNotFoundError
 from vllite.plugins.openai_server.responses_api.protocol import ResponseObject
 
 #: How many responses one server keeps.

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from vllite.exceptions import LoRAAdapterError
+from vllite.exceptions import VlliteError
+
+
+class LoRAAdapterError(VlliteError, ValueError):
+    """A LoRA adapter cannot be loaded or run; the message names the adapter and exactly what is wrong (a
+    ``ValueError`` too, as vLLM raises for bad adapters, so an HTTP layer answers 400)."""
+
 
 __all__ = ["LoRAAdapterError", "adapter_error"]
 

@@ -1,4 +1,4 @@
-"""Registers the in-process engine client as a builtin plugin."""
+"""Registers the in-process engine client as an essential builtin plugin."""
 
 from __future__ import annotations
 
@@ -7,4 +7,4 @@ from vllite.hookspecs import Register, hookimpl
 
 @hookimpl
 def vllite_register_engine_clients(register: Register) -> None:
-    register("inprocess", "vllite.engine.core_client:InprocClient")
+    register("inprocess", "vllite.plugins.inprocess_client.client:InprocClient")
