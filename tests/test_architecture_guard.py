@@ -1,8 +1,8 @@
 """Architectures vllite would run wrongly are refused at start-up with a ``ModelLoadError`` naming what is missing.
 
-Config-level refusals (state layers, multi-head latent attention, encoder-decoder) are checked on transformers' own
-config classes; the attention-call check (gpt-oss's attention sinks) runs in the start-up probe forward, through
-``LLM`` on a tiny random-weight checkpoint. Architectures vllite serves pass both.
+Config-level refusals (state layers, encoder-decoder) are checked on transformers' own config classes; the
+attention-call check (an argument the kernels do not read) runs in the start-up probe forward, through ``LLM`` on a
+tiny random-weight checkpoint. Architectures vllite serves pass both.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
     "falcon_h1": (GQA, "hybrid layers"),
     "qwen3_next": ({**GQA, "num_hidden_layers": 4}, "linear_attention layers"),
     "granitemoehybrid": ({**GQA, "layer_types": ["mamba", "attention"]}, "linear_attention layers"),
-    "deepseek_v3": (SMALL, "multi-head latent attention (kv_lora_rank=512"),
     "t5": ({"d_model": 64}, "an encoder-decoder model"),
 }
 
@@ -41,7 +40,8 @@ SERVED = {
     "qwen3": GQA,
     "gemma3_text": GQA,
     "mixtral": GQA,
-    "gpt_oss": GQA,  # its layer types are attention: its sinks are caught by the probe forward (below)
+    "gpt_oss": GQA,  # attention sinks, which the kernels implement (tests/test_model_families.py)
+    "deepseek_v3": SMALL,  # multi-head latent attention: keys and values of their own head sizes in the cache
     "granitemoehybrid": {**GQA, "layer_types": ["attention", "attention"]},
 }
 
@@ -62,9 +62,9 @@ def test_served_architectures_pass_the_config_check(model_type):
 def test_attention_arguments_that_change_the_result_are_refused():
     module = torch.nn.Linear(1, 1)
     tensor = torch.zeros(2)
-    check_attention_kwargs(module, {"position_ids": tensor, "output_attentions": False, "s_aux": None})
-    with pytest.raises(AttentionRoutingError, match=r"attention sinks \(s_aux="):
-        check_attention_kwargs(module, {"s_aux": tensor})
+    check_attention_kwargs(module, {"position_ids": tensor, "output_attentions": False, "sinks": None})
+    with pytest.raises(AttentionRoutingError, match=r"attention sinks passed under another name .*\(sinks="):
+        check_attention_kwargs(module, {"sinks": tensor})
     with pytest.raises(AttentionRoutingError, match="an attention argument vllite does not read \\('alibi'\\)"):
         check_attention_kwargs(module, {"alibi": tensor})
 
@@ -77,9 +77,17 @@ def _checkpoint(path: Path, model_type: str, **kwargs: Any) -> str:
     return str(path)
 
 
-def test_gpt_oss_attention_sinks_are_refused_at_start_up(tmp_path):
-    model = _checkpoint(tmp_path, "gpt_oss", **GQA, num_local_experts=4, num_experts_per_tok=2)
-    with pytest.raises(ModelLoadError, match=r"GptOssForCausalLM cannot run on vllite: .*attention sinks"):
+def test_an_attention_argument_vllite_does_not_read_is_refused_at_start_up(tmp_path, monkeypatch):
+    from transformers.models.llama import modeling_llama
+
+    original = modeling_llama.LlamaAttention.forward
+
+    def forward_with_alibi(self, hidden_states, *args, **kwargs):
+        return original(self, hidden_states, *args, alibi=torch.zeros(1), **kwargs)
+
+    monkeypatch.setattr(modeling_llama.LlamaAttention, "forward", forward_with_alibi)
+    model = _checkpoint(tmp_path, "llama", **GQA)
+    with pytest.raises(ModelLoadError, match=r"LlamaForCausalLM cannot run on vllite: .*'alibi'"):
         LLM(model=model, max_model_len=64, max_num_seqs=2)
 
 

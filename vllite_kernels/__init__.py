@@ -126,8 +126,8 @@ def paged_attention(
 ) -> Tensor:
     """Causal GQA attention of packed ``query`` ``[num_tokens, num_heads, head_dim]`` over the paged cache.
 
-    Returns ``[num_tokens, num_heads, head_dim]`` in ``query``'s dtype (``out`` when given). ``params`` holds the
-    step's batch layout, the layer's scale, window and softcap, and the plan of :func:`plan_paged_attention`
+    Returns ``[num_tokens, num_heads, value_head_dim]`` in ``query``'s dtype (``out`` when given). ``params`` holds
+    the step's batch layout, the layer's scale, window, softcap and sinks, and the plan of :func:`plan_paged_attention`
     (see :class:`~vllite.kernels.params.PagedAttentionParams` and
     :func:`vllite.kernels.reference.paged_attention_ref` for the contract). Triton for CUDA tensors,
     :func:`~vllite.kernels.cpu_attention.paged_attention_cpu` for CPU tensors (planning itself when

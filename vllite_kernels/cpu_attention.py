@@ -13,8 +13,12 @@ never written), and ``0 * NaN`` is NaN. A ``softcap`` (which SDPA cannot apply) 
 matmul-softmax-matmul per bucket instead. The outputs go back to the packed token order with one ``index_select``
 into ``out``.
 
-A pure decode batch (one query token per sequence, a float32, bfloat16 or fp8 cache, no window or softcap) skips all
-that: the compiled kernel of :mod:`vllite.kernels.cpu_decode` reads the cache through the block tables in place.
+Attention sinks (gpt-oss) take the same explicit path as a softcap: one more term per head in the softmax. Values of
+another head size than the keys (multi-head latent attention) go through SDPA as they are.
+
+A pure decode batch (one query token per sequence, a float32, bfloat16 or fp8 cache, no window, softcap or sinks,
+keys and values of one head size) skips all that: the compiled kernel of :mod:`vllite.kernels.cpu_decode` reads the
+cache through the block tables in place.
 
 An fp8 cache (``--kv-cache-dtype fp8``, see :mod:`vllite.kernels.kv_cache_dtype`) is gathered as bytes and widened to
 the query's dtype (times ``params.k_scale`` / ``v_scale``) before SDPA, to float32 by the compiled module's
@@ -113,25 +117,34 @@ def _widened(cache: Tensor, scale: float, out: Tensor) -> Tensor:
     return dequantize_kv(cache, out.dtype, scale, out=out)
 
 
-def _softcapped(
+def _explicit(
     q: Tensor,
     k: Tensor,
     v: Tensor,
     mask: Tensor,
     *,
     scale: float,
-    softcap: float,
+    softcap: float | None,
+    sinks: Tensor | None,
 ) -> Tensor:
-    """Attention with ``softcap * tanh(scores / softcap)`` in float32: ``q [n, H, Mq, D]``, ``k/v [n, Hkv, L, D]``."""
+    """Attention as float32 matmul-softmax-matmul, for what SDPA cannot apply: ``softcap * tanh(scores / softcap)``
+    and attention sinks (one more softmax term per head). ``q [n, H, Mq, D]``, ``k [n, Hkv, L, D]``,
+    ``v [n, Hkv, L, Dv]``; returns ``[n, H, Mq, Dv]``."""
     n, num_heads, q_len, head_dim = q.shape
-    num_kv_heads, ctx = k.shape[1], k.shape[2]
+    num_kv_heads, ctx, v_dim = k.shape[1], k.shape[2], v.shape[3]
     group = num_heads // num_kv_heads
     qg = q.float().reshape(n, num_kv_heads, group * q_len, head_dim)
     scores = torch.matmul(qg, k.float().transpose(-1, -2)).mul_(scale)
-    scores.div_(softcap).tanh_().mul_(softcap)
+    if softcap is not None:
+        scores.div_(softcap).tanh_().mul_(softcap)
     scores = scores.view(n, num_kv_heads, group, q_len, ctx).add_(mask.float()[:, :, None])
-    probs = torch.softmax(scores, dim=-1).view(n, num_kv_heads, group * q_len, ctx)
-    return torch.matmul(probs, v.float()).view(n, num_heads, q_len, head_dim).to(q.dtype)
+    if sinks is None:
+        probs = torch.softmax(scores, dim=-1)
+    else:
+        sink = sinks.to(device=q.device, dtype=torch.float32).view(1, num_kv_heads, group, 1, 1)
+        probs = torch.softmax(torch.cat([scores, sink.expand(*scores.shape[:-1], 1)], dim=-1), dim=-1)[..., :ctx]
+    probs = probs.reshape(n, num_kv_heads, group * q_len, ctx)
+    return torch.matmul(probs, v.float()).view(n, num_heads, q_len, v_dim).to(q.dtype)
 
 
 def _attend_bucket(
@@ -142,31 +155,32 @@ def _attend_bucket(
     *,
     scale: float,
     softcap: float | None,
+    sinks: Tensor | None = None,
 ) -> Tensor:
-    """One bucket's attention; returns ``[num_seqs * q_len, num_heads, head_dim]`` rows in bucket order."""
+    """One bucket's attention; returns ``[num_seqs * q_len, num_heads, value_head_dim]`` rows in bucket order."""
     n, mq, nb = bucket.num_seqs, bucket.q_len, bucket.num_blocks
     _, num_heads, head_dim = q_rows.shape
-    block_size, num_kv_heads = keys.shape[1], keys.shape[2]
+    block_size, num_kv_heads, v_dim = keys.shape[1], keys.shape[2], values.shape[3]
     ctx = nb * block_size
     q = q_rows[bucket.q_start : bucket.q_start + n * mq].view(n, mq, num_heads, head_dim).transpose(1, 2)
     span = slice(bucket.kv_start, bucket.kv_start + n * nb)
     k = keys[span].view(n, ctx, num_kv_heads, head_dim).transpose(1, 2)
-    v = values[span].view(n, ctx, num_kv_heads, head_dim).transpose(1, 2)
+    v = values[span].view(n, ctx, num_kv_heads, v_dim).transpose(1, 2)
     group = num_heads // num_kv_heads
-    if softcap is not None:
-        o = _softcapped(q, k, v, bucket.mask(torch.float32), scale=scale, softcap=softcap)
+    if softcap is not None or sinks is not None:
+        o = _explicit(q, k, v, bucket.mask(torch.float32), scale=scale, softcap=softcap, sinks=sinks)
     elif mq == 1 and group >= FOLD_GROUP_MIN:
         # Decode with wide groups: the group's heads become query rows of their KV head, so each KV head's keys
         # are read once per block rather than once per query head (enable_gqa). All views.
         q = q.reshape(n, num_kv_heads, group, head_dim)
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=bucket.mask(q.dtype), scale=scale)
-        return o.reshape(n, num_heads, head_dim)
+        return o.reshape(n, num_heads, v_dim)
     elif bucket.causal:
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=num_heads != num_kv_heads)
     else:
         mask = bucket.mask(q.dtype)
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=num_heads != num_kv_heads)
-    return o.transpose(1, 2).reshape(n * mq, num_heads, head_dim)
+    return o.transpose(1, 2).reshape(n * mq, num_heads, v_dim)
 
 
 def _plan(query: Tensor, key_cache: Tensor, params: PagedAttentionParams) -> CpuAttentionPlan:
@@ -199,7 +213,8 @@ def paged_attention_cpu(
     gqa_group(query, key_cache)
     num_tokens = query.shape[0]
     decode = params.max_query_len == 1 and num_tokens == params.num_seqs
-    if decode and params.sliding_window is None and params.softcap is None:
+    same_dims = value_cache.shape[3] == key_cache.shape[3]
+    if decode and params.sliding_window is None and params.softcap is None and params.sinks is None and same_dims:
         # Pure decode (one query token per sequence): the compiled kernel reads the cache through the block
         # tables, without gathering the contexts (see vllite.kernels.cpu_decode).
         tables, lens = params.block_tables, params.seq_lens
@@ -218,29 +233,31 @@ def paged_attention_cpu(
             return result
     plan = _plan(query, key_cache, params)
     num_valid = plan.num_valid_tokens
+    out_shape = (*query.shape[:2], value_cache.shape[3])
     if num_valid == 0:
-        return query.new_zeros(query.shape) if out is None else out
+        return query.new_zeros(out_shape) if out is None else out
 
     total = plan.block_index.numel()
-    row = key_cache[0].numel()
+    row, v_row = key_cache[0].numel(), value_cache[0].numel()
     keys = _buffer(0, total * row, key_cache).view(total, *key_cache.shape[1:])
-    values = _buffer(1, total * row, value_cache).view(total, *value_cache.shape[1:])
+    values = _buffer(1, total * v_row, value_cache).view(total, *value_cache.shape[1:])
     torch.index_select(key_cache, 0, plan.block_index, out=keys)
     torch.index_select(value_cache, 0, plan.block_index, out=values)
     _zero_stale(keys, values, plan.stale_rows())
     if is_fp8(key_cache.dtype):
         # Widen the gathered bytes once into reused buffers of the query's dtype; SDPA then runs as for that cache.
         keys = _widened(keys, params.k_scale, _buffer(2, total * row, query).view(keys.shape))
-        values = _widened(values, params.v_scale, _buffer(3, total * row, query).view(values.shape))
+        values = _widened(values, params.v_scale, _buffer(3, total * v_row, query).view(values.shape))
     q_rows = query if plan.query_index is None else query.index_select(0, plan.query_index)
-    outs = [_attend_bucket(b, q_rows, keys, values, scale=params.scale, softcap=params.softcap) for b in plan.buckets]
+    scale, softcap, sinks = params.scale, params.softcap, params.sinks
+    outs = [_attend_bucket(b, q_rows, keys, values, scale=scale, softcap=softcap, sinks=sinks) for b in plan.buckets]
     result = outs[0] if len(outs) == 1 else torch.cat(outs)
     if out is None and num_tokens == num_valid:
         if plan.out_index is None:
             return result.to(query.dtype)
         return result.to(query.dtype).index_select(0, plan.out_index)
     if out is None:
-        out = query.new_zeros(query.shape)
+        out = query.new_zeros(out_shape)
     if plan.out_index is None:
         out[:num_valid].copy_(result[:num_valid])
     else:

@@ -38,6 +38,9 @@ class PagedAttentionParams:
         scale: multiplier of ``q @ k``, applied after the matmul (as Hugging Face eager does).
         sliding_window: when given, query position ``p`` sees keys at positions ``> p - sliding_window``.
         softcap: when given, scores become ``softcap * tanh(scores / softcap)`` (after scaling).
+        sinks: when given, ``[num_heads]`` attention-sink logits (gpt-oss): each head's softmax gets one more term,
+            ``exp(sinks[h])``, in its denominator (a key that every query sees and whose value is zero), so a head
+            may attend to "nothing". Compared in float32.
         k_scale, v_scale: the layer's fp8 KV-cache scales: a cached element reads as ``element * scale`` (1.0, and
             ignored, for float caches; see :mod:`vllite.kernels.kv_cache_dtype`).
         plan: the step's CPU plan from :func:`vllite.kernels.plan_paged_attention` for the same metadata and
@@ -53,6 +56,7 @@ class PagedAttentionParams:
     scale: float
     sliding_window: int | None = None
     softcap: float | None = None
+    sinks: Tensor | None = None
     k_scale: float = 1.0
     v_scale: float = 1.0
     plan: CpuAttentionPlan | None = None
@@ -65,7 +69,9 @@ class PagedAttentionParams:
 
 def gqa_group(query: Tensor, key_cache: Tensor) -> int:
     """Query heads per KV head of ``query`` ``[num_tokens, num_heads, head_dim]`` over ``key_cache``
-    ``[num_blocks, block_size, num_kv_heads, head_dim]``; raises ``ValueError`` when it is not a whole number."""
+    ``[num_blocks, block_size, num_kv_heads, head_dim]``; raises ``ValueError`` when it is not a whole number. (The
+    value cache may have another head size than the keys, as multi-head latent attention has: the output rows then
+    have the values' head size.)"""
     num_heads, num_kv_heads = query.shape[1], key_cache.shape[2]
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")

@@ -86,10 +86,11 @@ def paged_attention_ref(
     Args:
         query: ``[num_tokens, num_heads, head_dim]``, the query tokens of all sequences back to back.
         key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``; the K/V of this step's
-            tokens must already be written (see :func:`reshape_and_cache_ref`).
-        params: the step's batch layout and the layer's scale, window and softcap (see
+            tokens must already be written (see :func:`reshape_and_cache_ref`). The values may have another head
+            size than the keys (multi-head latent attention); the output then has theirs.
+        params: the step's batch layout and the layer's scale, window, softcap and sinks (see
             :class:`~vllite.kernels.params.PagedAttentionParams`).
-        out: optional ``[num_tokens, num_heads, head_dim]`` tensor to write into and return.
+        out: optional ``[num_tokens, num_heads, value_head_dim]`` tensor to write into and return.
 
     Query token ``i`` of sequence ``s`` sits at position ``seq_lens[s] - query_len[s] + i`` and attends to
     key positions ``<= `` its own. An fp8 cache is read as ``element * params.k_scale`` (``v_scale`` for values).
@@ -99,7 +100,7 @@ def paged_attention_ref(
     """
     gqa_group(query, key_cache)
     if out is None:
-        out = torch.zeros_like(query)
+        out = query.new_zeros((*query.shape[:2], value_cache.shape[3]))
     num_seqs = params.num_seqs
     if num_seqs == 0 or query.shape[0] == 0:
         return out
@@ -166,7 +167,8 @@ def _attend_group(
     blocks = block_tables[:, :num_ctx_blocks].clamp(0, num_blocks - 1).reshape(-1)  # unused entries: any id
     ctx_len = num_ctx_blocks * block_size
     keys = _gather_blocks(key_cache, blocks, 0).view(num_seqs, ctx_len, num_kv_heads, head_dim)
-    values = _gather_blocks(value_cache, blocks, 1).view(num_seqs, ctx_len, num_kv_heads, head_dim)
+    v_dim = value_cache.shape[3]
+    values = _gather_blocks(value_cache, blocks, 1).view(num_seqs, ctx_len, num_kv_heads, v_dim)
     keys = dequantize_kv(keys, torch.float32, params.k_scale)
     values = dequantize_kv(values, torch.float32, params.v_scale)
 
@@ -197,14 +199,19 @@ def _attend_group(
     if sliding_window is not None:
         allowed &= pos[None, None, :] > q_pos[:, :, None] - sliding_window
     scores.masked_fill_(~allowed[None, :, :, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1).view(num_kv_heads, num_seqs, rows, ctx_len)
+    if params.sinks is None:
+        probs = torch.softmax(scores, dim=-1).view(num_kv_heads, num_seqs, rows, ctx_len)
+    else:  # one more term per head in the softmax's denominator, the sink's, dropped from the weights
+        sink = params.sinks.to(device=device, dtype=torch.float32).view(num_kv_heads, 1, 1, group, 1)
+        with_sink = torch.cat([scores, sink.expand(*scores.shape[:-1], 1)], dim=-1)
+        probs = torch.softmax(with_sink, dim=-1)[..., :ctx_len].reshape(num_kv_heads, num_seqs, rows, ctx_len)
     # A position no query sees may hold anything (a freed block's NaN, the null block of a window): its weight is
     # 0, but 0 * NaN is NaN, so its value row is zeroed (the masked_fill above already replaced its scores).
     values = values.masked_fill_(~allowed.any(1)[:, :, None, None], 0.0)
 
-    ctx = torch.empty((num_kv_heads, num_seqs, rows, head_dim), dtype=torch.float32, device=device)
+    ctx = torch.empty((num_kv_heads, num_seqs, rows, v_dim), dtype=torch.float32, device=device)
     for h in range(num_kv_heads):
         torch.bmm(probs[h], values[:, :, h], out=ctx[h])
     # [Hkv, S, Mq, G, D] -> [S, Mq, Hkv, G, D]; query head = kv_head * G + g. Padding rows are never read.
-    ctx = ctx.view(num_kv_heads, num_seqs, max_query_len, group, head_dim).permute(1, 2, 0, 3, 4)
-    out[token_rows] = ctx[seq_of_token, local].reshape(-1, num_heads, head_dim).to(out.dtype)
+    ctx = ctx.view(num_kv_heads, num_seqs, max_query_len, group, v_dim).permute(1, 2, 0, 3, 4)
+    out[token_rows] = ctx[seq_of_token, local].reshape(-1, num_heads, v_dim).to(out.dtype)

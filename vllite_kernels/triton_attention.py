@@ -1,7 +1,10 @@
 """Triton kernels: paged KV-cache write and paged (flash-style) attention over a mixed prefill + decode batch.
 
 Importing this module imports triton; :mod:`vllite.kernels` imports it only when the Triton path is used.
-Shapes and semantics are those of :mod:`vllite.kernels.reference`, which these kernels are tested against.
+Shapes and semantics are those of :mod:`vllite.kernels.reference`, which these kernels are tested against. Keys and
+values may have different head sizes (multi-head latent attention: ``head_dim_k`` for queries and keys,
+``head_dim_v`` for values and the output), and a layer may have attention sinks (one logit per query head whose
+``exp`` joins each softmax denominator).
 
 Attention grid: ``(num_q_blocks, num_kv_heads)``. One program handles ``BLOCK_Q`` query tokens of one
 sequence times the ``GROUP = num_heads // num_kv_heads`` query heads that share one KV head, packed into
@@ -26,48 +29,48 @@ __all__ = ["paged_attention_triton", "reshape_and_cache_triton"]
 
 
 @triton.jit
+def _cache_token(
+    src_ptr, dst_ptr, token, block, offset,
+    stride_t, stride_h, stride_d,  # source rows [num_tokens, num_kv_heads, head_dim]
+    stride_cb, stride_co, stride_ch, stride_cd,  # cache [num_blocks, block_size, num_kv_heads, head_dim]
+    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, TILE: tl.constexpr,
+):  # fmt: skip
+    """Copy token ``token``'s ``[num_kv_heads, head_dim]`` row into the cache slot ``(block, offset)``, cast to the
+    cache's dtype."""
+    idx = tl.arange(0, TILE)
+    head = idx // HEAD_DIM
+    dim = idx % HEAD_DIM
+    mask = idx < NUM_KV_HEADS * HEAD_DIM
+    x = tl.load(src_ptr + token * stride_t + head * stride_h + dim * stride_d, mask=mask)
+    dst = dst_ptr + block * stride_cb + offset * stride_co + head * stride_ch + dim * stride_cd
+    tl.store(dst, x.to(dst_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _reshape_and_cache_kernel(
-    key_ptr,
-    value_ptr,
-    key_cache_ptr,
-    value_cache_ptr,
-    slot_mapping_ptr,
-    stride_kt,
-    stride_kh,
-    stride_kd,
-    stride_vt,
-    stride_vh,
-    stride_vd,
-    stride_kcb,
-    stride_kco,
-    stride_kch,
-    stride_kcd,
-    stride_vcb,
-    stride_vco,
-    stride_vch,
-    stride_vcd,
-    BLOCK_SIZE: tl.constexpr,
-    NUM_KV_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    TILE: tl.constexpr,
-):
+    key_ptr, value_ptr, key_cache_ptr, value_cache_ptr, slot_mapping_ptr,
+    stride_kt, stride_kh, stride_kd,  # key [num_tokens, num_kv_heads, head_dim_k]
+    stride_vt, stride_vh, stride_vd,  # value [num_tokens, num_kv_heads, head_dim_v]
+    stride_kcb, stride_kco, stride_kch, stride_kcd,  # key cache [num_blocks, block_size, num_kv_heads, head_dim_k]
+    stride_vcb, stride_vco, stride_vch, stride_vcd,  # value cache [num_blocks, block_size, num_kv_heads, head_dim_v]
+    BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM_K: tl.constexpr, HEAD_DIM_V: tl.constexpr, TILE_K: tl.constexpr, TILE_V: tl.constexpr,
+):  # fmt: skip
+    """One program per token: write its key and value rows at ``slot_mapping[token]`` (skipped when negative)."""
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
     if slot < 0:
         return
     block = slot // BLOCK_SIZE
     offset = slot % BLOCK_SIZE
-    idx = tl.arange(0, TILE)
-    head = idx // HEAD_DIM
-    dim = idx % HEAD_DIM
-    mask = idx < NUM_KV_HEADS * HEAD_DIM
-
-    k = tl.load(key_ptr + token * stride_kt + head * stride_kh + dim * stride_kd, mask=mask)
-    v = tl.load(value_ptr + token * stride_vt + head * stride_vh + dim * stride_vd, mask=mask)
-    k_dst = key_cache_ptr + block * stride_kcb + offset * stride_kco + head * stride_kch + dim * stride_kcd
-    v_dst = value_cache_ptr + block * stride_vcb + offset * stride_vco + head * stride_vch + dim * stride_vcd
-    tl.store(k_dst, k.to(key_cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(v_dst, v.to(value_cache_ptr.dtype.element_ty), mask=mask)
+    _cache_token(
+        key_ptr, key_cache_ptr, token, block, offset, stride_kt, stride_kh, stride_kd,
+        stride_kcb, stride_kco, stride_kch, stride_kcd, NUM_KV_HEADS, HEAD_DIM_K, TILE_K,
+    )  # fmt: skip
+    _cache_token(
+        value_ptr, value_cache_ptr, token, block, offset, stride_vt, stride_vh, stride_vd,
+        stride_vcb, stride_vco, stride_vch, stride_vcd, NUM_KV_HEADS, HEAD_DIM_V, TILE_V,
+    )  # fmt: skip
 
 
 def reshape_and_cache_triton(
@@ -75,11 +78,23 @@ def reshape_and_cache_triton(
 ) -> None:
     """Triton twin of :func:`vllite.kernels.reference.reshape_and_cache_ref` (same shapes and promises).
 
-    ``key``/``value`` ``[num_tokens, num_kv_heads, head_dim]`` are written in place into the caches
-    ``[num_blocks, block_size, num_kv_heads, head_dim]`` at ``slot_mapping`` ``[num_tokens]``; slot ``-1``
-    skips the token. One program per token; all tensors on the same device, any strides.
+    ``key`` ``[num_tokens, num_kv_heads, head_dim_k]`` and ``value`` ``[num_tokens, num_kv_heads, head_dim_v]`` are
+    written in place into the caches ``[num_blocks, block_size, num_kv_heads, head_dim_k]`` (and ``head_dim_v`` for
+    values; the two head sizes may differ) at ``slot_mapping`` ``[num_tokens]``; slot ``-1`` skips the token. One
+    program per token; all tensors on the same device, any strides. Raises ``ValueError`` on mismatched shapes.
     """
-    num_tokens, num_kv_heads, head_dim = key.shape
+    num_tokens, num_kv_heads, head_dim_k = key.shape
+    head_dim_v = value.shape[2]
+    if (
+        value.shape[:2] != key.shape[:2]
+        or key_cache.shape[2:] != key.shape[1:]
+        or value_cache.shape[2:] != value.shape[1:]
+        or value_cache.shape[:2] != key_cache.shape[:2]
+    ):
+        raise ValueError(
+            f"key {tuple(key.shape)} / value {tuple(value.shape)} do not fit the caches "
+            f"{tuple(key_cache.shape)} / {tuple(value_cache.shape)}"
+        )
     if num_tokens == 0:
         return
     _reshape_and_cache_kernel[(num_tokens,)](
@@ -94,8 +109,10 @@ def reshape_and_cache_triton(
         *value_cache.stride(),
         BLOCK_SIZE=key_cache.shape[1],
         NUM_KV_HEADS=num_kv_heads,
-        HEAD_DIM=head_dim,
-        TILE=triton.next_power_of_2(num_kv_heads * head_dim),
+        HEAD_DIM_K=head_dim_k,
+        HEAD_DIM_V=head_dim_v,
+        TILE_K=triton.next_power_of_2(num_kv_heads * head_dim_k),
+        TILE_V=triton.next_power_of_2(num_kv_heads * head_dim_v),
     )
 
 
@@ -127,6 +144,20 @@ def _window_start(first_pos, sliding_window, TILE_N: tl.constexpr, USE_WINDOW: t
 
 
 @triton.jit
+def _softmax_start(sinks_ptr, head, stride_s, BLOCK_M: tl.constexpr, USE_SINKS: tl.constexpr):
+    """``(m_i, l_i)``, each row's running max and sum before its first key: ``-inf`` and 0, or with sinks the row's
+    head's sink logit and ``exp(sink - sink) = 1``: the sink is a key every row sees whose value is zero, so the
+    accumulator starts at zero either way."""
+    if USE_SINKS:
+        m_i = tl.load(sinks_ptr + head * stride_s).to(tl.float32)
+        l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    return m_i, l_i
+
+
+@triton.jit
 def _tile_qk(q, k_head, blk, in_blk, offs_d, n_ok, d_ok, stride_kb, stride_ko, stride_kd, IS_FP32: tl.constexpr):
     """``q @ k`` ``[BLOCK_M, TILE_N]``, unscaled and unmasked, for one tile of keys whose cache slots are ``blk``
     (physical block) and ``in_blk`` (offset in it)."""
@@ -143,12 +174,32 @@ def _tile_qk(q, k_head, blk, in_blk, offs_d, n_ok, d_ok, stride_kb, stride_ko, s
 
 
 @triton.jit
+def _soft_cap(s, softcap, USE_SOFTCAP: tl.constexpr):
+    """``softcap * tanh(s / softcap)`` when ``USE_SOFTCAP``, else ``s``."""
+    if USE_SOFTCAP:
+        # tanh(x) = 1 - 2 / (exp(2x) + 1), saturating correctly at +-inf.
+        s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * (s / softcap)) + 1.0))
+    return s
+
+
+@triton.jit
 def _visible(row_ok, n_ok, offs_n, q_pos, sliding_window, USE_WINDOW: tl.constexpr):
     """Which keys of the tile each query row sees: its own and earlier positions, within the window if any."""
     ok = row_ok[:, None] & n_ok[None, :] & (offs_n[None, :] <= q_pos[:, None])
     if USE_WINDOW:
         ok = ok & (offs_n[None, :] > q_pos[:, None] - sliding_window)
     return ok
+
+
+@triton.jit
+def _online_softmax(s, m_i, l_i):
+    """One tile's online-softmax step over masked scores ``s``: ``(p, alpha, l_new, m_new)``, the tile's float32
+    numerators, the factor that rescales the previous sum and accumulator, and the new running sum and max."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp(s - m_safe[:, None])
+    alpha = tl.exp(m_i - m_safe)
+    return p, alpha, l_i * alpha + tl.sum(p, 1), m_new
 
 
 @triton.jit
@@ -166,19 +217,20 @@ def _tile_pv(p, v_head, blk, in_blk, offs_d, n_ok, d_ok, stride_vb, stride_vo, s
     return pv
 
 
-# The 36 parameters are grouped by tensor (hence fmt: skip); one per line they would be half the kernel's length.
+# The 41 parameters are grouped by tensor (hence fmt: skip); one per line they would be half the kernel's length.
 @triton.jit(do_not_specialize=["num_seqs"])  # a new batch size must not compile a new kernel
 def _paged_attention_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, num_seqs,
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, sinks_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, num_seqs,
     scale, softcap, sliding_window,
-    stride_qt, stride_qh, stride_qd,  # query [num_tokens, num_heads, head_dim]
-    stride_ot, stride_oh, stride_od,  # out, as query
-    stride_kb, stride_ko, stride_kh, stride_kd,  # key cache [num_blocks, block_size, num_kv_heads, head_dim]
-    stride_vb, stride_vo, stride_vh, stride_vd,  # value cache, as key cache
-    stride_bt,  # block tables [num_seqs, max_blocks_per_seq]
-    BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr,
-    USE_SOFTCAP: tl.constexpr, USE_WINDOW: tl.constexpr, IS_FP32: tl.constexpr,
+    stride_qt, stride_qh, stride_qd,  # query [num_tokens, num_heads, head_dim_k]
+    stride_ot, stride_oh, stride_od,  # out [num_tokens, num_heads, head_dim_v]
+    stride_kb, stride_ko, stride_kh, stride_kd,  # key cache [num_blocks, block_size, num_kv_heads, head_dim_k]
+    stride_vb, stride_vo, stride_vh, stride_vd,  # value cache [num_blocks, block_size, num_kv_heads, head_dim_v]
+    stride_bt, stride_s,  # block tables [num_seqs, max_blocks_per_seq], sinks [num_heads]
+    BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM_K: tl.constexpr, HEAD_PAD_K: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr, HEAD_PAD_V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
+    TILE_N: tl.constexpr, USE_SOFTCAP: tl.constexpr, USE_WINDOW: tl.constexpr, USE_SINKS: tl.constexpr,
+    IS_FP32: tl.constexpr,
 ):  # fmt: skip
     q_block_id = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -192,23 +244,24 @@ def _paged_attention_kernel(
     ctx_len = seq_len - q_len
 
     offs_m = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_PAD)
+    offs_dk = tl.arange(0, HEAD_PAD_K)
+    offs_dv = tl.arange(0, HEAD_PAD_V)
     tok = q_block * BLOCK_Q + offs_m // GROUP  # query index within the sequence
-    head = kv_head * GROUP + offs_m % GROUP
+    head = kv_head * GROUP + offs_m % GROUP  # every row's query head, in range even on padding rows
     row_ok = (offs_m // GROUP < BLOCK_Q) & (tok < q_len)
-    d_ok = offs_d < HEAD_DIM
+    dk_ok = offs_dk < HEAD_DIM_K
+    dv_ok = offs_dv < HEAD_DIM_V
     q_pos = ctx_len + tok
 
     q_rows = (q_start + tok).to(tl.int64)
     q = tl.load(
-        q_ptr + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :] * stride_qd,
-        mask=row_ok[:, None] & d_ok[None, :],
+        q_ptr + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + offs_dk[None, :] * stride_qd,
+        mask=row_ok[:, None] & dk_ok[None, :],
         other=0.0,
     )
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
+    m_i, l_i = _softmax_start(sinks_ptr, head, stride_s, BLOCK_M, USE_SINKS)
+    acc = tl.zeros([BLOCK_M, HEAD_PAD_V], dtype=tl.float32)
 
     # Keys this block needs: [kv_start, kv_end). kv_end stops at the last query row's own position.
     kv_end = ctx_len + tl.minimum((q_block + 1) * BLOCK_Q, q_len)
@@ -224,27 +277,18 @@ def _paged_attention_kernel(
         n_ok = (offs_n < kv_end) & (offs_n >= kv_lo)
         blk = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
         in_blk = offs_n % BLOCK_SIZE
-        s = _tile_qk(q, k_head, blk, in_blk, offs_d, n_ok, d_ok, stride_kb, stride_ko, stride_kd, IS_FP32) * scale
-        if USE_SOFTCAP:
-            # tanh(x) = 1 - 2 / (exp(2x) + 1), saturating correctly at +-inf.
-            s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * (s / softcap)) + 1.0))
+        s = _tile_qk(q, k_head, blk, in_blk, offs_dk, n_ok, dk_ok, stride_kb, stride_ko, stride_kd, IS_FP32) * scale
+        s = _soft_cap(s, softcap, USE_SOFTCAP)
         s = tl.where(_visible(row_ok, n_ok, offs_n, q_pos, sliding_window, USE_WINDOW), s, float("-inf"))
-
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(s - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-
-        pv = _tile_pv(p, v_head, blk, in_blk, offs_d, n_ok, d_ok, stride_vb, stride_vo, stride_vd, IS_FP32)
+        p, alpha, l_i, m_i = _online_softmax(s, m_i, l_i)
+        pv = _tile_pv(p, v_head, blk, in_blk, offs_dv, n_ok, dv_ok, stride_vb, stride_vo, stride_vd, IS_FP32)
         acc = acc * alpha[:, None] + pv
-        m_i = m_new
 
     acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(
-        out_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :] * stride_od,
+        out_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + offs_dv[None, :] * stride_od,
         acc.to(out_ptr.dtype.element_ty),
-        mask=row_ok[:, None] & d_ok[None, :],
+        mask=row_ok[:, None] & dv_ok[None, :],
     )
 
 
@@ -253,32 +297,41 @@ def paged_attention_triton(
 ) -> Tensor:
     """Triton twin of :func:`vllite.kernels.reference.paged_attention_ref` (same arguments and promises).
 
-    ``query`` ``[num_tokens, num_heads, head_dim]`` packed; caches ``[num_blocks, block_size, num_kv_heads,
-    head_dim]``; ``params.block_tables`` ``[num_seqs, max_blocks_per_seq]`` int32; ``params.seq_lens``
-    ``[num_seqs]`` int32 (including this step's tokens); ``params.query_start_loc`` ``[num_seqs + 1]`` int32.
-    Returns (or fills ``out``) ``[num_tokens, num_heads, head_dim]`` in ``query``'s dtype; rows past
-    ``query_start_loc[-1]`` are not written. Scores and softmax accumulate in float32 (float32 inputs use exact
-    IEEE dot products). Launches without a host sync: ``max_query_len`` only picks the tile shape.
+    ``query`` ``[num_tokens, num_heads, head_dim_k]`` packed; caches ``[num_blocks, block_size, num_kv_heads,
+    head_dim_k]`` (keys) and ``[..., head_dim_v]`` (values; the head sizes may differ); ``params.block_tables``
+    ``[num_seqs, max_blocks_per_seq]`` int32; ``params.seq_lens`` ``[num_seqs]`` int32 (including this step's
+    tokens); ``params.query_start_loc`` ``[num_seqs + 1]`` int32; ``params.sinks``, when given, ``[num_heads]`` on
+    ``query``'s device (any float dtype, read as float32). Returns (or fills ``out``) ``[num_tokens, num_heads,
+    head_dim_v]`` in ``query``'s dtype; rows past ``query_start_loc[-1]`` are not written. Scores and softmax
+    accumulate in float32 (float32 inputs use exact IEEE dot products). Launches without a host sync:
+    ``max_query_len`` only picks the tile shape. Raises ``ValueError`` on mismatched shapes.
     """
     group = gqa_group(query, key_cache)
+    num_tokens, num_heads, head_dim_k = query.shape
+    head_dim_v, sinks = value_cache.shape[3], params.sinks
     if out is None:
-        out = torch.empty_like(query)
-    num_tokens, num_seqs = query.shape[0], params.num_seqs
+        out = query.new_empty((num_tokens, num_heads, head_dim_v))
+    if out.shape[1:] != (num_heads, head_dim_v) or (sinks is not None and sinks.shape != (num_heads,)):
+        raise ValueError(
+            f"out {tuple(out.shape)} or sinks {None if sinks is None else tuple(sinks.shape)} do not fit "
+            f"{num_heads} heads of values of size {head_dim_v}"
+        )
+    num_seqs = params.num_seqs
     if num_tokens == 0 or num_seqs == 0:
         return out
 
-    head_dim, (_, block_size, num_kv_heads, _) = query.shape[2], key_cache.shape
+    _, block_size, num_kv_heads, _ = key_cache.shape
     sliding_window, softcap = params.sliding_window, params.softcap
     block_m = max(16 if params.max_query_len <= 1 else 64, triton.next_power_of_2(group))
     block_q = block_m // group
     tile_n = min(64, max(16, triton.next_power_of_2(params.max_seq_len)))
-    head_pad = max(16, triton.next_power_of_2(head_dim))
     grid = (num_tokens // block_q + num_seqs, num_kv_heads)
     _paged_attention_kernel[grid](
         query,
         key_cache,
         value_cache,
         out,
+        sinks if sinks is not None else query,  # never read without sinks
         params.block_tables,
         params.seq_lens,
         params.query_start_loc,
@@ -291,15 +344,19 @@ def paged_attention_triton(
         *key_cache.stride(),
         *value_cache.stride(),
         params.block_tables.stride(0),
+        sinks.stride(0) if sinks is not None else 0,
         BLOCK_SIZE=block_size,
         GROUP=group,
-        HEAD_DIM=head_dim,
-        HEAD_PAD=head_pad,
+        HEAD_DIM_K=head_dim_k,
+        HEAD_PAD_K=max(16, triton.next_power_of_2(head_dim_k)),
+        HEAD_DIM_V=head_dim_v,
+        HEAD_PAD_V=max(16, triton.next_power_of_2(head_dim_v)),
         BLOCK_M=block_m,
         BLOCK_Q=block_q,
         TILE_N=tile_n,
         USE_SOFTCAP=softcap is not None,
         USE_WINDOW=sliding_window is not None,
+        USE_SINKS=sinks is not None,
         IS_FP32=query.dtype == torch.float32,
         num_warps=4,
     )

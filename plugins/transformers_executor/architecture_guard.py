@@ -6,11 +6,12 @@ and the missing feature:
 
 - from the config (:func:`check_architecture`, before the weights load): layers that are not attention (Mamba and
   Mamba-2 SSM layers, gated-delta-net and other linear attention, Falcon-H1's hybrid layers), whose state the KV
-  cache does not keep; multi-head latent attention (DeepSeek-V2/V3, Kimi-K2: keys and values of other sizes than
-  the cache's); encoder-decoder models;
+  cache does not keep; multi-head latent attention in another layout than DeepSeek-V2/V3's (``qk_nope_head_dim``,
+  ``qk_rope_head_dim``, ``v_head_dim``: keys and values of their own sizes, which the cache holds); encoder-decoder
+  models;
 - from the attention calls of a probe forward at start-up (:func:`check_attention_kwargs`; not per step):
-  arguments that change the attention's result and that vllite's kernels do not implement, such as attention sinks
-  (gpt-oss's ``s_aux``).
+  arguments that change the attention's result and that vllite's kernels do not implement (an unknown tensor).
+  gpt-oss's attention sinks (``s_aux``) the kernels implement.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from vllite.exceptions import AttentionRoutingError, ModelLoadError
 #: Layer kinds (``config.layer_types``, as transformers names them) the paged attention serves.
 ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "attention"})
 
-#: Attention-call arguments vllite does not implement -> the feature they carry.
-UNSUPPORTED_ATTENTION_ARGS = {"s_aux": "attention sinks", "sinks": "attention sinks"}
+#: Attention-call arguments vllite does not implement -> the feature they carry (gpt-oss's ``s_aux`` sinks it does).
+UNSUPPORTED_ATTENTION_ARGS = {"sinks": "attention sinks passed under another name than gpt-oss's s_aux"}
 
 #: Tensor-valued attention-call arguments that vllite reads or may ignore: the packed batch's metadata stands in.
 IGNORED_TENSOR_ARGS = frozenset(
@@ -57,11 +58,8 @@ def _missing_feature(hf_config: Any, cfg: Any) -> str | None:
     other = sorted({str(kind) for kind in getattr(cfg, "layer_types", None) or ()} - ATTENTION_LAYER_TYPES)
     if other:
         return f"layers that keep a recurrent state ({', '.join(other)} layers: Mamba, SSM or linear attention)"
-    if getattr(cfg, "kv_lora_rank", None):
-        return (
-            f"multi-head latent attention (kv_lora_rank={cfg.kv_lora_rank}: keys and values of other sizes than "
-            "the KV cache's)"
-        )
+    if getattr(cfg, "kv_lora_rank", None) and not (hasattr(cfg, "qk_nope_head_dim") and hasattr(cfg, "v_head_dim")):
+        return f"multi-head latent attention in a layout vllite does not know (kv_lora_rank={cfg.kv_lora_rank})"
     return None
 
 

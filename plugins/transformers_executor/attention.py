@@ -34,6 +34,7 @@ caches) and the attention kernels dequantize as they read (``PagedAttentionParam
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -254,13 +255,17 @@ def paged_attention_forward(
     dropout: float = 0.0,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    s_aux: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers attention function: ``query [1, heads, T, dim]``, ``key/value [1, kv_heads, T, dim]``.
 
     Writes ``key``/``value`` into layer ``module.layer_idx``'s cache, attends causally per sequence, and returns
     ``([1, T, heads, dim], None)`` as transformers expects. ``attention_mask`` is ignored (causality comes from
-    the metadata); ``scaling``, ``sliding_window`` and ``softcap`` fall back to the module's attributes. A module
+    the metadata); ``scaling``, ``sliding_window`` and ``softcap`` fall back to the module's attributes; ``s_aux``
+    (gpt-oss's attention sinks, one logit per query head) adds one term per head to the softmax. Keys and values may
+    have different head sizes (multi-head latent attention as transformers runs it); the output has the values'. A
+    module
     whose ``is_causal`` is false (an encoder layer) takes the encoder path instead (see the module docstring):
     bidirectional attention over this step's tokens, no cache, the same shapes returned.
     """
@@ -278,10 +283,10 @@ def paged_attention_forward(
     if softcap is None:
         softcap = getattr(module, "attn_logit_softcapping", None)
     if not getattr(module, "is_causal", True):
-        if sliding_window or softcap:
+        if sliding_window or softcap or s_aux is not None:
             raise AttentionRoutingError(
-                f"{type(module).__name__} is bidirectional with a sliding window or softcap, which vllite's encoder "
-                "attention does not support."
+                f"{type(module).__name__} is bidirectional with a sliding window, softcap or attention sinks, which "
+                "vllite's encoder attention does not support."
             )
         return _encoder_attention(ctx, query, key, value, float(scaling)), None
     layer_idx = getattr(module, "layer_idx", None)
@@ -295,6 +300,8 @@ def paged_attention_forward(
     fp8 = is_fp8(key_cache.dtype)
     kv_scales = ctx.kv_scales[layer_idx] if fp8 and ctx.kv_scales else (1.0, 1.0)
     params = _layer_params(ctx, key_cache, query.shape[1], float(scaling), window, cap, kv_scales)
+    if s_aux is not None:  # per layer: the sinks are the layer's own weights
+        params = dataclasses.replace(params, sinks=s_aux)
     write_kw: dict[str, Any] = {} if _planner is None else {"plan": params.plan}
     if fp8:
         write_kw.update(k_scale=kv_scales[0], v_scale=kv_scales[1])

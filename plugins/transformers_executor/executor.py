@@ -200,9 +200,8 @@ class DefaultExecutor(Executor):
         cc = self.config.cache_config
         max_model_len = self.model_info.max_model_len
         s = self.spec
-        bytes_per_token = kv_cache_bytes_per_token(
-            s.num_layers, s.num_kv_heads, s.head_dim, torch.empty((), dtype=self.runner.kv_cache_dtype).element_size()
-        )
+        dtype_bytes = torch.empty((), dtype=self.runner.kv_cache_dtype).element_size()
+        bytes_per_token = kv_cache_bytes_per_token(s.num_layers, s.num_kv_heads, s.head_dim, dtype_bytes, s.v_head_dim)
         if cc.num_gpu_blocks_override is not None:
             num_blocks = int(cc.num_gpu_blocks_override)
             max_model_len = self._fit_context_to_override(num_blocks, max_model_len)

@@ -20,17 +20,22 @@ DEFAULT_CPU_KVCACHE_SPACE_GIB: float = 4.0
 CPU_KVCACHE_SPACE_ENV = "VLLITE_CPU_KVCACHE_SPACE"
 
 
-def kv_cache_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
-    """Bytes one token's K and V take across all layers."""
+def kv_cache_bytes_per_token(
+    num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int, v_head_dim: int | None = None
+) -> int:
+    """Bytes one token's K and V take across all layers (``v_head_dim``: the values' head size when it is not the
+    keys', as in multi-head latent attention)."""
+    v_head_dim = head_dim if v_head_dim is None else v_head_dim
     for name, value in (
         ("num_layers", num_layers),
         ("num_kv_heads", num_kv_heads),
         ("head_dim", head_dim),
+        ("v_head_dim", v_head_dim),
         ("dtype_bytes", dtype_bytes),
     ):
         if value <= 0:
             raise ValueError(f"{name} must be positive, got {value}")
-    return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
+    return num_layers * num_kv_heads * (head_dim + v_head_dim) * dtype_bytes
 
 
 def cpu_kvcache_space_bytes(configured_gib: float | None = None) -> int:

@@ -35,23 +35,34 @@ class ModelSpec:
 
     num_layers: int
     num_kv_heads: int
-    head_dim: int
+    head_dim: int  # of the keys (and the queries)
     vocab_size: int
     max_position_embeddings: int | None
+    v_head_dim: int = 0  # of the values; 0: ``head_dim``
+
+    def __post_init__(self) -> None:
+        self.v_head_dim = self.v_head_dim or self.head_dim
 
 
 def model_spec(hf_config: Any) -> ModelSpec:
-    """Layer count, KV heads and head size as the attention layers will use them."""
+    """Layer count, KV heads and head sizes as the attention layers will use them. Multi-head latent attention
+    (DeepSeek-V2/V3, Kimi-K2: a ``kv_lora_rank``), as transformers runs it, hands the attention every head's
+    decompressed keys (``qk_nope_head_dim + qk_rope_head_dim`` wide) and values (``v_head_dim`` wide)."""
     cfg = getattr(hf_config, "text_config", None) or hf_config
     num_heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // num_heads
     num_kv_heads = getattr(cfg, "num_key_value_heads", None) or num_heads
+    v_head_dim = head_dim
+    if getattr(cfg, "kv_lora_rank", None) and getattr(cfg, "v_head_dim", None):
+        head_dim = int(cfg.qk_nope_head_dim) + int(cfg.qk_rope_head_dim)
+        v_head_dim, num_kv_heads = int(cfg.v_head_dim), num_heads
     return ModelSpec(
         num_layers=cfg.num_hidden_layers,
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
         vocab_size=cfg.vocab_size,
         max_position_embeddings=getattr(cfg, "max_position_embeddings", None),
+        v_head_dim=v_head_dim,
     )
 
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from vllite.config import EngineConfig
-from vllite.exceptions import AttentionRoutingError, BatchStateError, KVCacheNotAllocatedError
+from vllite.exceptions import AttentionRoutingError, BatchStateError, KVCacheNotAllocatedError, ModelLoadError
 from vllite.kernels.kv_cache_dtype import is_fp8, kv_cache_torch_dtype
 from vllite.kv_connector.base import KVConnectorBase
 from vllite.lora import LoRARequest
@@ -102,6 +102,7 @@ class ModelRunner:
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.kv_layers: list[torch.Tensor] = []  # per layer [2, num_blocks, block_size, heads, dim]
         self._kv_buffer: torch.Tensor | None = None
+        self._v_buffer: torch.Tensor | None = None  # the values, when their head size is not the keys'
         self.kv_connector: KVConnectorBase | None = None  # the worker role, when --kv-transfer-config is set
         self._accepts_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
         # Per batch composition (InputBatch.version): the row index map and whether prompt logprobs are wanted.
@@ -135,31 +136,47 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ KV cache
     def allocate_kv_cache(self, num_blocks: int) -> None:
-        """Allocates ``num_blocks`` blocks per layer as one zeroed buffer with per-layer key/value views."""
+        """Allocates ``num_blocks`` blocks per layer as one zeroed buffer with per-layer key/value views; keys and
+        values of different head sizes (multi-head latent attention) get one buffer each, and no per-layer KV
+        tensor for a KV connector."""
         s = self.spec
         self.free_kv_cache()
-        shape = (s.num_layers, 2, num_blocks, self.block_size, s.num_kv_heads, s.head_dim)
-        if self.device.type == "cpu":
-            self._kv_buffer = zeros_on_huge_pages(shape, self.kv_cache_dtype)
-        else:
-            self._kv_buffer = torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
+        if s.v_head_dim != s.head_dim:
+            shapes = [
+                (s.num_layers, num_blocks, self.block_size, s.num_kv_heads, d) for d in (s.head_dim, s.v_head_dim)
+            ]
+            self._kv_buffer, self._v_buffer = keys, values = self._zeros(shapes[0]), self._zeros(shapes[1])
+            self.kv_caches = [(keys[i], values[i]) for i in range(s.num_layers)]
+            return
+        self._kv_buffer = self._zeros((s.num_layers, 2, num_blocks, self.block_size, s.num_kv_heads, s.head_dim))
         self.kv_caches = [(self._kv_buffer[i, 0], self._kv_buffer[i, 1]) for i in range(s.num_layers)]
         self.kv_layers = [self._kv_buffer[i] for i in range(s.num_layers)]
+
+    def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
+        if self.device.type == "cpu":
+            return zeros_on_huge_pages(shape, self.kv_cache_dtype)
+        return torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
 
     def free_kv_cache(self) -> None:
         self.kv_caches = []
         self.kv_layers = []
-        self._kv_buffer = None
+        self._kv_buffer = self._v_buffer = None
 
     def attach_kv_connector(self, connector: KVConnectorBase) -> None:
         """Runs every later step through ``connector`` (worker role) and registers the allocated KV cache with it
         (``{kv_layer_name(i): layer i's KV}``); call again after the cache is re-allocated."""
+        if not self.kv_layers:
+            raise ModelLoadError(
+                "A KV connector moves each layer's keys and values as one tensor, which a model whose keys and values "
+                "have different head sizes (multi-head latent attention) does not have: drop --kv-transfer-config "
+                "(and --kv-offload-size) for this model."
+            )
         self.kv_connector = connector
         connector.register_kv_caches({kv_layer_name(i): layer for i, layer in enumerate(self.kv_layers)})
 
     @property
     def num_kv_blocks(self) -> int:
-        return 0 if self._kv_buffer is None else int(self._kv_buffer.shape[2])
+        return 0 if not self.kv_caches else int(self.kv_caches[0][0].shape[0])
 
     # ------------------------------------------------------------------ one step
     @torch.inference_mode()
@@ -509,7 +526,7 @@ class ModelRunner:
         """A forward over ``num_tokens`` zeros keeping the last ``num_rows`` logits rows, on a temporary KV cache
         just large enough; the KV cache, connector and LoRA step in use are left as they were."""
         blocks = -(-num_tokens // self.block_size)
-        saved = self._kv_buffer, self.kv_caches, self.kv_layers, self.kv_connector
+        saved = self._kv_buffer, self._v_buffer, self.kv_caches, self.kv_layers, self.kv_connector
         self.kv_connector = None  # dummy tokens: nothing to load or save
         if self.lora is not None:
             self.lora.clear_step()  # dummy tokens run on the base model
@@ -532,4 +549,4 @@ class ModelRunner:
             else:
                 self._forward(ids, pos, md, keep, check_arguments=True)
         finally:
-            self._kv_buffer, self.kv_caches, self.kv_layers, self.kv_connector = saved
+            self._kv_buffer, self._v_buffer, self.kv_caches, self.kv_layers, self.kv_connector = saved
