@@ -161,6 +161,9 @@ class SchedulerConfig:
     batch_queue_depth: int = 1
     # Plan step N+1 while step N runs, with output placeholders (vllite.sched.async_scheduler); 2 batches in flight.
     async_scheduling: bool = False
+    # Models mixing sliding-window and full-attention layers keep one block table per KV-cache group, and the
+    # sliding groups free what leaves their window; True keeps one table and every layer's KV in every block.
+    disable_hybrid_kv_cache_manager: bool = False
     tool_call_estimator: str = "utility"
     policy_args: dict[str, Any] = field(default_factory=dict)
     # Frontend: a streamed request's outputs are handed out every this many tokens (and at its first and last).

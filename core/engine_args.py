@@ -179,6 +179,10 @@ class EngineArgs:
         default=False,
         metadata=_help("Plan the next step while the current one runs (output placeholders)."),
     )
+    disable_hybrid_kv_cache_manager: bool = field(
+        default=False,
+        metadata=_help("Keep every layer's KV for every block, also in models mixing sliding-window layers."),
+    )
     logits_processors: list[Any] | None = field(
         default=None,
         metadata=_help("Extra logits processors: class paths, comma-separated (pkg.mod:A,pkg.mod:B).", cli_type=_names),
@@ -405,6 +409,7 @@ class EngineArgs:
             scheduling_policy=self.scheduling_policy,
             batch_queue_depth=self.batch_queue_depth,
             async_scheduling=self.async_scheduling,
+            disable_hybrid_kv_cache_manager=self.disable_hybrid_kv_cache_manager,
             tool_call_estimator=self.tool_call_estimator,
             policy_args=dict(self.policy_args),
             stream_interval=self.stream_interval,

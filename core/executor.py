@@ -37,12 +37,16 @@ class ModelInfo(msgspec.Struct, frozen=True):
 
     ``max_model_len`` is ``--max-model-len`` when given, else the model's own limit. ``sliding_window`` is set
     only when every attention layer uses that window, so the KV cache may drop blocks behind it.
+    ``kv_cache_groups`` is the window of each KV-cache group (``None``: full attention) when the model's layers form
+    several (a model mixing sliding-window and full-attention layers): the scheduler then keeps one block table per
+    group, sent interleaved (position ``k`` of group ``g`` at ``k * len(kv_cache_groups) + g``).
     """
 
     max_model_len: int
     vocab_size: int
     eos_token_ids: tuple[int, ...] = ()
     sliding_window: int | None = None
+    kv_cache_groups: tuple[int | None, ...] = ()
     supported_tasks: tuple[str, ...] = ("generate",)  # a pooling model's: its pooling tasks (vllite.pooling_params)
     # Why this model cannot run a prompt in chunks, or reuse cached prefixes (a pooling model's pooler or an
     # encoder's bidirectional attention needs every position of the prompt in one step); None: it can.

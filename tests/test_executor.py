@@ -56,7 +56,9 @@ def _prompts(n: int, seed: int = 0) -> dict[str, list[int]]:
 def test_greedy_mixed_batch_with_chunked_prefill_matches_hf(model_dirs: dict[str, Path], arch: str) -> None:
     path = model_dirs[arch]
     ex = _executor(path, num_blocks=128)
-    sched = ManualScheduler(4, 128, chunk=5, budget=32)  # prompts split over steps, budget shared
+    # Prompts split over steps, budget shared; Gemma 2's sliding and global layers keep one block table each.
+    sched = ManualScheduler(4, 128, chunk=5, budget=32, num_groups=ex.runner.layout.num_groups)
+    assert ex.runner.layout.num_groups == (2 if arch == "gemma2" else 1)
     prompts = _prompts(16, seed=len(arch))
     for req_id, prompt in prompts.items():
         sched.add(req_id, prompt, max_tokens=6)
@@ -372,7 +374,7 @@ def test_transformers_builds_no_attention_mask_for_our_path(
         ex = _executor(model_dirs[arch])
         ex.runner.fused_decoder = None  # the model's forward serves the decode steps too (see test_fused_decode.py)
         monkeypatch.setitem(AttentionInterface._global_mapping, attention.ATTN_IMPLEMENTATION, spy)
-        sched = ManualScheduler(4, 64)
+        sched = ManualScheduler(4, 64, num_groups=ex.runner.layout.num_groups)
         sched.add("a", list(range(3, 15)), max_tokens=2)
         sched.add("b", [4, 5], max_tokens=2)
         sched.run(ex)

@@ -142,7 +142,9 @@ class _Req:
 
 
 class ManualScheduler:
-    """Schedules every running request each step; blocks come sequentially from a free list (0 is null)."""
+    """Schedules every running request each step; blocks come sequentially from a free list (0 is null). With
+    ``num_groups`` KV-cache groups (a model mixing sliding and full layers, ``runner.layout.num_groups``) each token
+    position takes one block per group, interleaved as the engine's scheduler sends them; none is freed early."""
 
     def __init__(
         self,
@@ -151,8 +153,10 @@ class ManualScheduler:
         *,
         chunk: int | None = None,
         budget: int | None = None,
+        num_groups: int = 1,
     ) -> None:
         self.block_size = block_size
+        self.num_groups = num_groups
         self.free = list(range(1, num_blocks))
         self.chunk = chunk
         self.budget = budget
@@ -190,8 +194,8 @@ class ManualScheduler:
             n = min(req.num_tokens - req.num_computed, budget)
             if self.chunk is not None:
                 n = min(n, self.chunk)
-            needed = -(-(req.num_computed + n) // self.block_size) - len(req.blocks)
-            new_blocks = [self.free.pop(0) for _ in range(max(0, needed))]
+            needed = -(-(req.num_computed + n) // self.block_size) - len(req.blocks) // self.num_groups
+            new_blocks = [self.free.pop(0) for _ in range(max(0, needed) * self.num_groups)]
             req.blocks += new_blocks
             num_scheduled[req.req_id] = n
             budget -= n

@@ -8,6 +8,7 @@ from __future__ import annotations
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from kv_cache_support import check_pool_consistent
 
 from vllite.kv_cache import KVCacheManager, get_hash_fn, get_request_block_hasher
 from vllite.request import Request
@@ -139,18 +140,7 @@ class KVCacheMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ invariants
     @invariant()
     def pool_is_consistent(self) -> None:
-        pool = self.mgr.block_pool
-        queued = list(pool.free_block_queue)
-        assert len(queued) == pool.get_num_free_blocks()
-        assert len({id(b) for b in queued}) == len(queued)
-        assert all(b.ref_cnt == 0 and not b.is_null for b in queued)
-        in_use = [b for b in pool.blocks if not b.is_null and b.ref_cnt > 0]
-        assert len(queued) + len(in_use) == NUM_BLOCKS - 1
-        # The hash map lists exactly the blocks holding a hash, under that hash.
-        mapped = list(pool.cached_block_hash_to_block.blocks())
-        assert all(b.block_hash == h for h, b in mapped)
-        assert len(mapped) == len(pool.cached_block_hash_to_block)
-        assert {id(b) for _, b in mapped} == {id(b) for b in pool.blocks if b.block_hash is not None}
+        check_pool_consistent(self.mgr.block_pool, NUM_BLOCKS)
 
     @invariant()
     def ref_counts_equal_users_and_hashes_match_positions(self) -> None:

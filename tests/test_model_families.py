@@ -1,7 +1,8 @@
 """The model families vllite runs give Hugging Face's greedy tokens: dense (Llama, Qwen3), sliding windows (Mistral
 with a window on every layer, Gemma 3 with sliding and global layers), MoE (Mixtral, Qwen3-MoE), and the attention
 variants: gpt-oss (attention sinks on alternating sliding-window and full layers, MoE) and DeepSeek-V3 (multi-head
-latent attention: keys and values of different head sizes, MoE).
+latent attention: keys and values of different head sizes, MoE). Models mixing sliding-window and full-attention
+layers (Gemma 2/3, gpt-oss, Qwen2 with ``max_window_layers``) run with one KV-cache group per kind of layer.
 
 Each family is a tiny random-weight checkpoint made here from transformers' own config class (no downloads), run in
 float32 through ``LLM`` with a small KV cache (fewer sequences fit than are submitted: preemption), prefill chunks
@@ -32,6 +33,8 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "qwen3": GQA,
     "mistral": {**GQA, "sliding_window": 8},
     "gemma3_text": {**GQA, "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"]},
+    "gemma2": {**GQA, "sliding_window": 8},  # alternating sliding and global layers, attention softcap
+    "qwen2": {**GQA, "use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1},  # full, then sliding
     "mixtral": {**GQA, "num_local_experts": 4, "num_experts_per_tok": 2},
     "qwen3_moe": {**GQA, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
     "gpt_oss": {
@@ -58,6 +61,10 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "first_k_dense_replace": 1,
     },
 }
+
+
+#: Families whose sliding-window and full-attention layers form two KV-cache groups (kv_cache_layout.py).
+HYBRID = {"gemma2", "gemma3_text", "gpt_oss", "qwen2"}
 
 
 def _checkpoint(path: Path, model_type: str) -> str:
@@ -88,7 +95,7 @@ def _prompts(seed: int) -> tuple[list[list[int]], list[list[int]]]:
     return first, second
 
 
-def _llm(model_dir: str, num_blocks: int, max_num_seqs: int = 4) -> LLM:
+def _llm(model_dir: str, num_blocks: int, max_num_seqs: int = 4, **kwargs: Any) -> LLM:
     return LLM(
         model_dir,
         dtype="float32",
@@ -97,6 +104,7 @@ def _llm(model_dir: str, num_blocks: int, max_num_seqs: int = 4) -> LLM:
         max_num_batched_tokens=8,  # prefills run in chunks of at most 8 tokens
         max_num_seqs=max_num_seqs,
         num_gpu_blocks_override=num_blocks,
+        **kwargs,
     )
 
 
@@ -114,6 +122,8 @@ def test_family_matches_hf_with_chunking_prefix_hits_and_preemption(tmp_path, mo
 
     # Room for every sequence: the second batch finds the first batch's prefixes in the cache.
     llm = _llm(model_dir, num_blocks=128)
+    kv = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager
+    assert kv.num_groups == (2 if model_type in HYBRID else 1)
     assert _greedy(llm, first) == expected[:4]
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     out_second = llm.generate([{"prompt_token_ids": p} for p in second], params, use_tqdm=False)
@@ -122,8 +132,11 @@ def test_family_matches_hf_with_chunking_prefix_hits_and_preemption(tmp_path, mo
     llm.llm_engine.shutdown()
 
     # 72 token slots for eight sequences of up to 42 tokens at once: requests are preempted and recomputed (also
-    # with a sliding window, which holds about 4 blocks per sequence).
-    llm = _llm(model_dir, num_blocks=18, max_num_seqs=8)
+    # with a sliding window, which holds about 4 blocks per sequence). A model with a full and a sliding KV-cache
+    # group takes a block per group per position, each block half the layers: twice the blocks, the same memory.
+    # Admission takes a request whose first chunk fits (not its whole prompt), so running requests outgrow the cache.
+    blocks = 33 if model_type in HYBRID else 18
+    llm = _llm(model_dir, num_blocks=blocks, max_num_seqs=8, scheduler_reserve_full_isl=False)
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
     preempted: set[str] = set()
     schedule = scheduler.schedule
@@ -135,6 +148,45 @@ def test_family_matches_hf_with_chunking_prefix_hits_and_preemption(tmp_path, mo
 
     scheduler.schedule = recording_schedule
     assert _greedy(llm, first + second) == expected
-    # A window on every layer frees blocks as sequences advance, and admission waits for room: such a model may
-    # never need to preempt (what is checked is the equality at a capacity for fewer sequences than submitted).
+    # A window on every layer (Mistral's) frees blocks as fast as decoding takes them: that model never outgrows
+    # the cache here, and what it checks is the equality at a capacity for fewer sequences than submitted.
     assert preempted or model_type == "mistral"
+
+
+@pytest.mark.parametrize("model_type", ["gpt_oss", "gemma3_text"])
+def test_sliding_groups_hold_more_long_sequences_in_the_same_memory(tmp_path, model_type):
+    """The same KV memory (``--cpu-kvcache-space``) runs more 56-token sequences at once with the sliding layers'
+    blocks freed behind their window than with every layer's KV kept in every block, and the tokens stay HF's."""
+    model_dir = _checkpoint(tmp_path, model_type)
+    rng = random.Random(3)
+    prompts = [[rng.randrange(10, 4000) for _ in range(44)] for _ in range(8)]
+    expected = _hf_greedy(model_dir, prompts)
+    peaks = {}
+    for hybrid in (True, False):
+        llm = LLM(
+            model_dir,
+            dtype="float32",
+            max_model_len=64,
+            block_size=4,
+            max_num_seqs=8,
+            cpu_kvcache_space=2**-14,  # 64 KiB: 32 blocks of every layer's KV, or 64 of half the layers'
+            disable_hybrid_kv_cache_manager=not hybrid,
+        )
+        peak = _record_peak_running(llm.llm_engine.engine_core.engine_core.scheduler)
+        assert _greedy(llm, prompts) == expected
+        peaks[hybrid] = peak[0]
+        llm.llm_engine.shutdown()
+    assert peaks[True] > peaks[False], peaks
+
+
+def _record_peak_running(scheduler: Any) -> list[int]:
+    """A one-item list that keeps the most requests ``scheduler`` ever ran at once, from now on."""
+    peak, schedule = [0], scheduler.schedule
+
+    def recording_schedule():
+        output = schedule()
+        peak[0] = max(peak[0], len(scheduler.running))
+        return output
+
+    scheduler.schedule = recording_schedule
+    return peak

@@ -88,12 +88,14 @@ class EngineCore:
             clock = getattr(self.model_executor, "clock", None)
             self.async_scheduling = self.config.scheduler_config.async_scheduling
             make_scheduler = create_async_scheduler if self.async_scheduling else create_scheduler
+            groups = self.model_executor.model_info.kv_cache_groups  # a model mixing sliding and full layers
             self.scheduler = make_scheduler(
                 self.config,
                 self.info.num_gpu_blocks,
                 sliding_window=self.info.sliding_window,
                 log_stats=self.log_stats,
                 **({"clock": clock} if callable(clock) else {}),
+                **({"kv_cache_groups": groups} if groups else {}),
             )
         except Exception:
             self.model_executor.shutdown()

@@ -1,8 +1,9 @@
 """The paged KV-cache manager with prefix caching, as in vLLM V1.
 
 ``KVCacheManager`` is what the scheduler talks to; ``BlockPool``, ``FreeKVCacheBlockQueue`` and ``KVCacheBlock``
-are its parts; the hashing functions build the chained block hashes that ``Request`` keeps. Nothing here needs
-torch. How many blocks fit in memory is the executor's to decide (the default executor's
+are its parts; ``HybridManager`` keeps the block tables of a model whose layers form several KV-cache groups; the
+hashing functions build the chained block hashes that ``Request`` keeps. Nothing here needs torch. How many
+blocks fit in memory is the executor's to decide (the default executor's
 ``vllite.plugins.transformers_executor.kv_cache_sizing``); the engine receives the count.
 """
 
@@ -14,8 +15,10 @@ from vllite.kv_cache.hashing import (
     generate_block_hash_extra_keys,
     get_hash_fn,
     get_request_block_hasher,
+    group_block_hashes,
     hash_block_tokens,
 )
+from vllite.kv_cache.hybrid import HybridManager
 from vllite.kv_cache.manager import KVCacheBlocks, KVCacheManager, PrefixCacheStats
 
 __all__ = [
@@ -23,6 +26,7 @@ __all__ = [
     "BlockHashToBlockMap",
     "BlockPool",
     "FreeKVCacheBlockQueue",
+    "HybridManager",
     "KVCacheBlock",
     "KVCacheBlocks",
     "KVCacheManager",
@@ -30,6 +34,7 @@ __all__ = [
     "generate_block_hash_extra_keys",
     "get_hash_fn",
     "get_request_block_hasher",
+    "group_block_hashes",
     "hash_block_tokens",
 ]
 

@@ -196,13 +196,17 @@ class BlockPool:
         blocks: Sequence[KVCacheBlock],
         num_cached_blocks: int,
         num_full_blocks: int,
+        block_hashes: Sequence[bytes] | None = None,
     ) -> None:
-        """Registers ``blocks[num_cached_blocks:num_full_blocks]`` under ``request.block_hashes`` at the same
-        positions. Null blocks (slots outside a sliding window) are skipped.
+        """Registers ``blocks[num_cached_blocks:num_full_blocks]`` under ``block_hashes`` (default
+        ``request.block_hashes``; a KV-cache group other than the first passes its own namespaced view) at the same
+        positions, and reports them under those hashes in the KV events. Null blocks (slots outside a sliding
+        window) are skipped.
         """
         if num_cached_blocks >= num_full_blocks:
             return
-        block_hashes = request.block_hashes
+        if block_hashes is None:
+            block_hashes = request.block_hashes
         if len(block_hashes) < num_full_blocks:
             raise KVCacheStateError(
                 f"Request {request.request_id!r} has {len(block_hashes)} block hashes but {num_full_blocks} "
@@ -225,12 +229,12 @@ class BlockPool:
             if stored is not None:
                 stored.append(i)
         if stored:
-            self._record_stored(request, stored)
+            self._record_stored(request, stored, block_hashes)
 
-    def _record_stored(self, request: Request, positions: list[int]) -> None:
+    def _record_stored(self, request: Request, positions: list[int], hashes: Sequence[bytes]) -> None:
         """One ``BlockStored`` per run of consecutive newly cached block positions of ``request``."""
         assert self.kv_event_queue is not None
-        size, hashes = self.event_block_size, request.block_hashes
+        size = self.event_block_size
         lora = request.lora_request
         start = 0
         for end in range(1, len(positions) + 1):

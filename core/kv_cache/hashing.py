@@ -2,7 +2,8 @@
 
 The hash of full block ``i`` covers the hash of block ``i - 1``, the block's token ids and its extra keys, so
 equal hashes mean equal *prefixes*, not just equal blocks, and a lookup can stop at the first miss. The first
-block chains from the fixed ``NONE_HASH``. Partial blocks are never hashed.
+block chains from the fixed ``NONE_HASH``. Partial blocks are never hashed. With several KV-cache groups, each
+group caches under its own keys (``group_block_hashes``).
 
 Two algorithms (``--prefix-caching-hash-algo``):
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 import msgspec
 
@@ -146,3 +147,38 @@ def get_request_block_hasher(block_size: int, hash_fn: HashFn) -> Callable[[Requ
         return new_hashes
 
     return request_block_hasher
+
+
+class GroupBlockHashes(Sequence[bytes]):
+    """KV-cache group ``group``'s keys for a request's block hashes: each hash followed by the group's 4-byte
+    suffix. The same tokens cached by two groups are two blocks (different layers' KV), so they need two keys; a
+    suffixed key is longer than any plain hash of the same algorithm, and the suffixes of two groups differ, so
+    keys never collide across groups. A view, not a copy: making one is O(1), each read one concatenation, and
+    it follows the request's hash list as it grows.
+    """
+
+    __slots__ = ("_hashes", "_suffix")
+
+    def __init__(self, hashes: Sequence[bytes], group: int) -> None:
+        self._hashes = hashes
+        self._suffix = group.to_bytes(4, "little")
+
+    def __len__(self) -> int:
+        return len(self._hashes)
+
+    @overload
+    def __getitem__(self, index: int) -> bytes: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[bytes]: ...
+
+    def __getitem__(self, index: int | slice) -> bytes | list[bytes]:
+        if isinstance(index, slice):
+            return [block_hash + self._suffix for block_hash in self._hashes[index]]
+        return self._hashes[index] + self._suffix
+
+
+def group_block_hashes(hashes: Sequence[bytes], group: int) -> Sequence[bytes]:
+    """The prefix-cache keys of KV-cache group ``group``: the hashes themselves for group 0 (so a model with one
+    group caches exactly as before), a :class:`GroupBlockHashes` view for any other group."""
+    return hashes if group == 0 else GroupBlockHashes(hashes, group)

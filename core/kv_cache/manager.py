@@ -9,6 +9,10 @@ For one request in one step the token positions fall into these ranges::
 ``computed`` is ``request.num_computed_tokens``; ``new computed`` the prefix-cache hit found by
 ``get_computed_blocks`` (only at a request's first scheduling); ``new`` the tokens scheduled now; ``lookahead``
 slots for speculative draft tokens, which are never cached.
+
+A model whose layers form several KV-cache groups (``kv_cache_groups``, e.g. sliding-window and full-attention
+layers) gets a ``HybridManager``; every run of blocks of a request the facade hands out is then interleaved:
+logical block ``k`` of group ``g`` at index ``k * num_groups + g`` (the model runner takes ``ids[g::num_groups]``).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from vllite.kv_cache.block import KVCacheBlock
 from vllite.kv_cache.block_pool import BlockPool
+from vllite.kv_cache.hybrid import HybridManager
 from vllite.kv_cache.single_type import FullAttentionManager, SlidingWindowManager
 
 if TYPE_CHECKING:
@@ -67,6 +72,19 @@ class PrefixCacheStats:
         self.hits += num_hit_tokens
 
 
+def _check_groups(kv_cache_groups: Sequence[int | None], sliding_window: int | None) -> tuple[int | None, ...]:
+    """The groups' windows as a tuple, after checking that each window is positive and that ``sliding_window``
+    (the single-group spelling, which wins over a lone group's ``None``) does not contradict them."""
+    groups = tuple(kv_cache_groups)
+    if any(window is not None and window <= 0 for window in groups):
+        raise ValueError(f"every KV-cache group's window must be positive or None, got {list(groups)}")
+    # sliding_window says every layer uses that window: no group may have another (a lone group may leave it out).
+    lone = len(groups) == 1
+    if sliding_window is not None and any(w != sliding_window for w in groups if w is not None or not lone):
+        raise ValueError(f"sliding_window={sliding_window} contradicts kv_cache_groups={list(groups)}")
+    return groups
+
+
 def _skips_prefix_cache(request: Request) -> bool:
     # Prompt logprobs need logits at every prompt position, which cached positions never produce.
     if getattr(request, "skip_reading_prefix_cache", False):
@@ -79,9 +97,13 @@ class KVCacheManager:
     """Paged KV-cache bookkeeping for all requests: ``num_blocks`` blocks of ``block_size`` tokens (block 0 is
     the null block), with prefix caching when ``enable_caching``.
 
-    Promises: ``allocate_slots`` either succeeds completely or returns ``None`` having changed nothing (apart
-    from releasing blocks outside a sliding window); a request's block list is append-only until ``free`` or
-    ``free_tail``; ``free`` is idempotent.
+    Promises: ``allocate_slots`` either succeeds completely (for every KV-cache group) or returns ``None`` having
+    changed nothing (apart from releasing blocks outside a sliding window); a request's block list is append-only
+    until ``free`` or ``free_tail``; ``free`` is idempotent.
+
+    ``kv_cache_groups``: the window of each KV-cache group of the model's layers (``None``: full attention). With
+    none or one group the cache behaves as a single group (one entry stands for ``sliding_window``); with two or
+    more every group gets its own blocks from the shared pool and request block runs are interleaved.
     """
 
     def __init__(
@@ -92,6 +114,7 @@ class KVCacheManager:
         enable_caching: bool = True,
         log_stats: bool = False,
         sliding_window: int | None = None,
+        kv_cache_groups: Sequence[int | None] = (),
     ) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
@@ -100,18 +123,37 @@ class KVCacheManager:
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
         self.log_stats = log_stats
+        self.kv_cache_groups = _check_groups(kv_cache_groups, sliding_window)
+        if len(self.kv_cache_groups) == 1 and sliding_window is None:
+            sliding_window = self.kv_cache_groups[0]
         self.sliding_window = sliding_window
         self.block_pool = BlockPool(num_blocks, enable_caching)
-        self.manager: FullAttentionManager = (
-            SlidingWindowManager(self.block_pool, block_size, sliding_window)
-            if sliding_window
-            else FullAttentionManager(self.block_pool, block_size)
-        )
+        self.manager: FullAttentionManager | HybridManager
+        if len(self.kv_cache_groups) > 1:
+            self.manager = HybridManager(self.block_pool, block_size, self.kv_cache_groups)
+        elif sliding_window:
+            self.manager = SlidingWindowManager(self.block_pool, block_size, sliding_window)
+        else:
+            self.manager = FullAttentionManager(self.block_pool, block_size)
         self.empty_kv_cache_blocks = KVCacheBlocks(())
         self.prefix_cache_stats = PrefixCacheStats()
         self._interval_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
 
     # ------------------------------------------------------------------ figures
+    @property
+    def num_groups(self) -> int:
+        """The number of KV-cache groups: how many blocks each logical block position of a request takes."""
+        return max(1, len(self.kv_cache_groups))
+
+    def min_blocks_for(self, num_tokens: int) -> int:
+        """The fewest pool blocks a request holds once it has slots for ``num_tokens`` tokens: one per block of
+        tokens in each full-attention group; sliding-window groups, which may hold just their window, count 0."""
+        if len(self.kv_cache_groups) > 1:
+            num_full = sum(1 for window in self.kv_cache_groups if window is None)
+        else:
+            num_full = 0 if self.sliding_window else 1
+        return num_full * -(-max(0, num_tokens) // self.block_size)
+
     @property
     def usage(self) -> float:
         """The fraction of usable blocks in use, in [0, 1]."""
@@ -146,7 +188,7 @@ class KVCacheManager:
         if not self.enable_caching or _skips_prefix_cache(request):
             return self.empty_kv_cache_blocks, 0
         hits = self.manager.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
-        num_hit_tokens = len(hits) * self.block_size
+        num_hit_tokens = len(hits) // self.num_groups * self.block_size
         if not hits:
             return self.empty_kv_cache_blocks, 0
         return KVCacheBlocks(hits), num_hit_tokens
@@ -264,32 +306,26 @@ class KVCacheManager:
         if not block_ids:
             return
         self.block_pool.evict_blocks(block_ids)
-        manager = self.manager
-        for request_id, blocks in manager.req_to_blocks.items():
-            num_cached = manager.num_cached_block.get(request_id, 0)
-            first = next((i for i, b in enumerate(blocks[:num_cached]) if b.block_id in block_ids), None)
-            if first is not None:
-                manager.num_cached_block[request_id] = first
+        self.manager.uncache_blocks(block_ids)
 
     # ------------------------------------------------------------------ per-request views
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
-        """A snapshot of the request's blocks, in order (empty for an unknown request)."""
+        """A snapshot of the request's blocks, in order (interleaved over groups; empty for an unknown request)."""
         blocks = self.manager.req_to_blocks.get(request_id)
         return KVCacheBlocks(tuple(blocks)) if blocks else self.empty_kv_cache_blocks
 
     def get_block_ids(self, request_id: str) -> list[int]:
-        """The request's block ids, in order (empty for an unknown request)."""
+        """The request's block ids, in order (interleaved over groups; empty for an unknown request)."""
         return [block.block_id for block in self.manager.req_to_blocks.get(request_id, ())]
 
     # ------------------------------------------------------------------ steps and resets
     def new_step_starts(self) -> None:
         """Starts a new step: ``take_new_block_ids`` will report only blocks allocated from now on."""
-        self.manager.new_block_ids.clear()
+        self.manager.new_step_starts()
 
     def take_new_block_ids(self) -> list[int]:
         """The ids of blocks allocated since ``new_step_starts`` (or the previous take), and forgets them."""
-        ids, self.manager.new_block_ids = self.manager.new_block_ids, []
-        return ids
+        return self.manager.take_new_block_ids()
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """Forgets every cached hash; refuses (False) while blocks are in use unless ``reset_running_requests``,

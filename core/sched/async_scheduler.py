@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from vllite.sched.factory import resolve_scheduler_cls
+from vllite.sched.factory import kv_layout_kwargs, resolve_scheduler_cls
 from vllite.sched.scheduler import Scheduler
 
 if TYPE_CHECKING:
@@ -123,6 +123,7 @@ def create_async_scheduler(
     num_blocks: int,
     *,
     sliding_window: int | None = None,
+    kv_cache_groups: Sequence[int | None] = (),
     log_stats: bool = False,
     clock: Callable[[], float] = time.monotonic,
 ) -> AsyncSchedulingMixin:
@@ -130,5 +131,5 @@ def create_async_scheduler(
     placeholders, after :func:`check_async_scheduling`."""
     check_async_scheduling(config)
     cls = async_scheduler_cls(resolve_scheduler_cls(config.scheduler_config.scheduler_name))
-    window = {"sliding_window": sliding_window} if sliding_window is not None else {}
-    return cls(config, num_blocks, log_stats=log_stats, clock=clock, **window)
+    layout = kv_layout_kwargs(sliding_window, kv_cache_groups)
+    return cls(config, num_blocks, log_stats=log_stats, clock=clock, **layout)

@@ -56,11 +56,12 @@ def fail_request(scheduler: Scheduler, request: Request, error: str) -> None:
 
 def never_fits(scheduler: Scheduler, num_tokens: int) -> bool:
     """Whether ``num_tokens`` tokens of one request need more blocks than the whole cache has (block 0 is the null
-    block); never true with a sliding window, whose requests hold a bounded number of blocks."""
+    block): a block per ``block_size`` tokens in each full-attention KV-cache group. Never true when every layer
+    uses a sliding window, whose requests hold a bounded number of blocks."""
     if scheduler.sliding_window is not None:
         return False
-    num_blocks = -(-(num_tokens + scheduler.num_lookahead_tokens) // scheduler.block_size)
-    return num_blocks > scheduler.kv_cache_manager.num_blocks - 1
+    kv = scheduler.kv_cache_manager
+    return kv.min_blocks_for(num_tokens + scheduler.num_lookahead_tokens) > kv.num_blocks - 1
 
 
 def never_fits_message(scheduler: Scheduler, request: Request) -> str:

@@ -94,6 +94,7 @@ class Scheduler(SchedulerInterface):
         clock: Callable[[], float] = time.monotonic,
         step_observer: StepObserver | None = _FROM_PLUGINS,
         sliding_window: int | None = None,
+        kv_cache_groups: Sequence[int | None] = (),
     ) -> None:
         self.config = config
         self.scheduler_config = config.scheduler_config
@@ -102,7 +103,8 @@ class Scheduler(SchedulerInterface):
         self.clock = clock
         self._init_limits(config)
         self.sliding_window = sliding_window
-        self.kv_cache_manager = self._make_kv_cache_manager(num_blocks, sliding_window)
+        self.kv_cache_groups = tuple(kv_cache_groups)
+        self.kv_cache_manager = self._make_kv_cache_manager(num_blocks, sliding_window, self.kv_cache_groups)
         self.watermark_blocks = int(config.scheduler_config.watermark * num_blocks)
         self.block_hasher = (
             get_request_block_hasher(self.block_size, get_hash_fn(self.cache_config.prefix_caching_hash_algo))
@@ -166,8 +168,11 @@ class Scheduler(SchedulerInterface):
         self._num_preemptions_since_stats = 0
         self.num_preemptions_total = 0  # cumulative, for tests and benchmarks
 
-    def _make_kv_cache_manager(self, num_blocks: int, sliding_window: int | None) -> KVCacheManager:
-        # With a window shared by every attention layer, blocks that fall out of it return to the pool.
+    def _make_kv_cache_manager(
+        self, num_blocks: int, sliding_window: int | None, kv_cache_groups: Sequence[int | None] = ()
+    ) -> KVCacheManager:
+        # With a window shared by every attention layer, blocks that fall out of it return to the pool; with
+        # several KV-cache groups (windows per group of layers), each group frees what leaves its own window.
         return KVCacheManager(
             num_blocks,
             self.block_size,
@@ -175,6 +180,7 @@ class Scheduler(SchedulerInterface):
             enable_caching=self.enable_caching,
             log_stats=self.log_stats,
             sliding_window=sliding_window,
+            kv_cache_groups=kv_cache_groups,
         )
 
     # ------------------------------------------------------------------ policy decisions

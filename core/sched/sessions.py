@@ -200,9 +200,9 @@ def release_for_memory(scheduler: Scheduler, num_blocks: int, other_than: str | 
     if request is None:
         return False
     kv = scheduler.kv_cache_manager
-    num_held = len(kv.get_block_ids(request.request_id))
-    num_kept = kv.free_tail(request, max(1, num_blocks))
-    holds.num_blocks_released_for_memory += num_held - num_kept
+    num_held = len(kv.get_block_ids(request.request_id))  # every KV-cache group's blocks
+    num_kept = kv.free_tail(request, max(1, num_blocks))  # logical block positions, kept in every group
+    holds.num_blocks_released_for_memory += num_held - num_kept * kv.num_groups
     if num_kept == 0:
         holds.discard(request.request_id)
         release(scheduler, request)

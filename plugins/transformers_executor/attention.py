@@ -69,6 +69,9 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor  # [num_seqs + 1] int32
     max_query_len: int
     max_seq_len: int
+    # A model with several KV-cache groups (kv_cache_layout.py): each group's metadata (its own slot mapping and
+    # block tables; this one is group 0's), read by the layers of that group. Empty: one group.
+    groups: tuple[AttentionMetadata, ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -88,10 +91,12 @@ class _ForwardContext:
     kv_connector: Any = None  # the worker-role KV connector, if one is configured
     kv_layers: Sequence[torch.Tensor] = ()  # per layer [2, num_blocks, block_size, heads, dim] (with a connector)
     kv_scales: Sequence[tuple[float, float]] = ()  # per layer (k_scale, v_scale) of an fp8 cache; () = all 1.0
-    plans: dict[int | None, Any] = field(default_factory=dict)  # kernel plans of this forward, per sliding window
-    params: dict[int | None, PagedAttentionParams] = field(default_factory=dict)  # kernel arguments, per window
+    # Kernel plans and arguments of this forward, per (metadata: a KV-cache group's, sliding window).
+    plans: dict[tuple[int, int | None], Any] = field(default_factory=dict)
+    params: dict[tuple[int, int | None], PagedAttentionParams] = field(default_factory=dict)
     whole_inputs: bool = False  # every sequence's whole input is in this step (set by the first encoder layer)
     check_arguments: bool = False  # check what each call passes (the start-up probe forward; off per step)
+    layer_groups: Sequence[int] = ()  # per layer, its KV-cache group (metadata.groups); () = one group
 
 
 _local = threading.local()
@@ -105,6 +110,7 @@ def forward_context(
     kv_layers: Sequence[torch.Tensor] = (),
     kv_scales: Sequence[tuple[float, float]] = (),
     check_arguments: bool = False,
+    layer_groups: Sequence[int] = (),
 ) -> Iterator[_ForwardContext]:
     """Publishes the step's metadata and KV caches (and the KV connector with the per-layer KV tensors it saves
     from, when there is one, and an fp8 cache's per-layer ``(k_scale, v_scale)``) to the attention layers for the
@@ -117,6 +123,7 @@ def forward_context(
         kv_layers=kv_layers,
         kv_scales=kv_scales,
         check_arguments=check_arguments,
+        layer_groups=layer_groups,
     )
     try:
         yield ctx
@@ -163,13 +170,16 @@ def get_kernels() -> tuple[Callable[..., Any], Callable[..., Any]]:
     return _kernels
 
 
-def _step_plan(ctx: _ForwardContext, key_cache: torch.Tensor, num_heads: int, sliding_window: int | None) -> Any:
-    """The forward's kernel plan for ``sliding_window``, built by the first layer that needs it."""
-    if sliding_window in ctx.plans:
-        return ctx.plans[sliding_window]
-    md = ctx.metadata
+def _step_plan(
+    ctx: _ForwardContext, md: AttentionMetadata, key_cache: torch.Tensor, num_heads: int, sliding_window: int | None
+) -> Any:
+    """The forward's kernel plan for ``sliding_window`` over ``md`` (a KV-cache group's), built by the first layer
+    that needs it."""
+    key = (id(md), sliding_window)
+    if key in ctx.plans:
+        return ctx.plans[key]
     assert _planner is not None
-    plan = ctx.plans[sliding_window] = _planner(
+    plan = ctx.plans[key] = _planner(
         md.block_tables,
         md.seq_lens,
         md.query_start_loc,
@@ -183,6 +193,7 @@ def _step_plan(ctx: _ForwardContext, key_cache: torch.Tensor, num_heads: int, sl
 
 def _layer_params(
     ctx: _ForwardContext,
+    md: AttentionMetadata,
     key_cache: torch.Tensor,
     num_heads: int,
     scale: float,
@@ -190,16 +201,17 @@ def _layer_params(
     softcap: float | None,
     kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> PagedAttentionParams:
-    """The forward's kernel arguments for a layer with these settings, built by the first layer that has them."""
-    params = ctx.params.get(window)
+    """The forward's kernel arguments for a layer with these settings over ``md`` (its KV-cache group's metadata),
+    built by the first layer that has them."""
+    key = (id(md), window)
+    params = ctx.params.get(key)
     if (
         params is None
         or params.scale != scale
         or params.softcap != softcap
         or (params.k_scale, params.v_scale) != kv_scales
     ):
-        md = ctx.metadata
-        params = ctx.params[window] = PagedAttentionParams(
+        params = ctx.params[key] = PagedAttentionParams(
             md.block_tables,
             md.seq_lens,
             md.query_start_loc,
@@ -210,7 +222,7 @@ def _layer_params(
             softcap=softcap,
             k_scale=kv_scales[0],
             v_scale=kv_scales[1],
-            plan=None if _planner is None else _step_plan(ctx, key_cache, num_heads, window),
+            plan=None if _planner is None else _step_plan(ctx, md, key_cache, num_heads, window),
         )
     return params
 
@@ -299,7 +311,9 @@ def paged_attention_forward(
     cap = float(softcap) if softcap else None
     fp8 = is_fp8(key_cache.dtype)
     kv_scales = ctx.kv_scales[layer_idx] if fp8 and ctx.kv_scales else (1.0, 1.0)
-    params = _layer_params(ctx, key_cache, query.shape[1], float(scaling), window, cap, kv_scales)
+    if ctx.layer_groups:  # this layer's KV-cache group: its own block tables and slots
+        md = md.groups[ctx.layer_groups[layer_idx]]
+    params = _layer_params(ctx, md, key_cache, query.shape[1], float(scaling), window, cap, kv_scales)
     if s_aux is not None:  # per layer: the sinks are the layer's own weights
         params = dataclasses.replace(params, sinks=s_aux)
     write_kw: dict[str, Any] = {} if _planner is None else {"plan": params.plan}

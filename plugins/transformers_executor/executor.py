@@ -38,6 +38,7 @@ from vllite.lora import LoRARequest
 from vllite.model_files import load_hf_config
 from vllite.platform.cpu_threads import CpuThreadPlan
 from vllite.plugins.transformers_executor.architecture_guard import architecture_name, check_architecture
+from vllite.plugins.transformers_executor.kv_cache_layout import kv_cache_layout
 from vllite.plugins.transformers_executor.kv_cache_sizing import (
     GiB,
     cpu_kvcache_space_bytes,
@@ -120,11 +121,14 @@ class DefaultExecutor(Executor):
         self._num_blocks: int | None = None
         self._kv_connector: KVConnectorBase | None = None
         eos = getattr(getattr(hf_config, "text_config", None) or hf_config, "eos_token_id", None)
+        hybrid = not self.config.scheduler_config.disable_hybrid_kv_cache_manager
+        self.layout = kv_cache_layout(hf_config, self.spec.num_layers, hybrid=hybrid and mc.runner_type != "pooling")
         info = ModelInfo(
             max_model_len=max_model_len,
             vocab_size=self.spec.vocab_size,
             eos_token_ids=tuple(eos if isinstance(eos, (list, tuple)) else () if eos is None else (eos,)),
             sliding_window=uniform_sliding_window(hf_config),
+            kv_cache_groups=self.layout.windows,
             dtype=str(self.dtype).removeprefix("torch."),
         )
         if mc.runner_type == "pooling":
@@ -137,7 +141,7 @@ class DefaultExecutor(Executor):
             trust_remote_code=mc.trust_remote_code,
             quantization=mc.quantization,
         )
-        self.runner = ModelRunner(self.config, model, self.spec, self.device, self.dtype)
+        self.runner = ModelRunner(self.config, model, self.spec, self.device, self.dtype, layout=self.layout)
         self._probe_architecture()
         return info
 
@@ -201,14 +205,17 @@ class DefaultExecutor(Executor):
         max_model_len = self.model_info.max_model_len
         s = self.spec
         dtype_bytes = torch.empty((), dtype=self.runner.kv_cache_dtype).element_size()
-        bytes_per_token = kv_cache_bytes_per_token(s.num_layers, s.num_kv_heads, s.head_dim, dtype_bytes, s.v_head_dim)
+        # A block holds the KV of the layout's tensor slots (all layers, or one group's share of them); a position
+        # of a sequence takes one block per group, so the sizing below counts groups' blocks together.
+        slots, groups = self.runner.layout.num_slots, self.runner.layout.num_groups
+        bytes_per_token = kv_cache_bytes_per_token(slots, s.num_kv_heads, s.head_dim, dtype_bytes, s.v_head_dim)
         if cc.num_gpu_blocks_override is not None:
             num_blocks = int(cc.num_gpu_blocks_override)
-            max_model_len = self._fit_context_to_override(num_blocks, max_model_len)
+            max_model_len = self._fit_context_to_override(num_blocks, max_model_len, groups)
         else:
-            num_blocks, max_model_len = determine_num_blocks(
+            num_positions, max_model_len = determine_num_blocks(
                 self._available_kv_bytes(),
-                bytes_per_token,
+                bytes_per_token * groups,
                 cc.block_size,
                 max_model_len,
                 allow_shrink=self._may_shrink_context,
@@ -218,7 +225,8 @@ class DefaultExecutor(Executor):
             # prefixes cached), not the whole budget: CPU memory is shared with everything else, and on a GPU a
             # small model's budget would be tens of millions of blocks, each a Python object of the block pool.
             blocks_per_seq = -(-max_model_len // cc.block_size)
-            num_blocks = min(num_blocks, 2 * self.config.scheduler_config.max_num_seqs * blocks_per_seq + 1)
+            num_positions = min(num_positions, 2 * self.config.scheduler_config.max_num_seqs * blocks_per_seq + 1)
+            num_blocks = (num_positions - 1) * groups + 1
         self.runner.allocate_kv_cache(num_blocks)
         self._num_blocks = num_blocks
         self._attach_kv_connector()
@@ -236,19 +244,21 @@ class DefaultExecutor(Executor):
             self._kv_connector = create_connector(self.config, KVConnectorRole.WORKER, kv_transfer_config)
         self.runner.attach_kv_connector(self._kv_connector)
 
-    def _fit_context_to_override(self, num_blocks: int, max_model_len: int) -> int:
-        """The context length ``num_blocks`` blocks (block 0 is the null block) can hold one sequence of: the model's
-        own, shrunk with a warning when the user gave no max_model_len; a user-fixed max_model_len that does not fit
-        is a ``KVCacheMemoryError`` (a request of that length could never run)."""
+    def _fit_context_to_override(self, num_blocks: int, max_model_len: int, groups: int = 1) -> int:
+        """The context length ``num_blocks`` blocks (block 0 is the null block) can hold one sequence of (a sequence
+        takes a block per position in each of ``groups`` KV-cache groups): the model's own, shrunk with a warning
+        when the user gave no max_model_len; a user-fixed max_model_len that does not fit is a
+        ``KVCacheMemoryError`` (a request of that length could never run)."""
         block_size = self.config.cache_config.block_size
-        capacity = (num_blocks - 1) * block_size
+        capacity = (num_blocks - 1) // groups * block_size
         if capacity >= max_model_len:
             return max_model_len
         if not self._may_shrink_context or capacity <= 0:
             raise KVCacheMemoryError(
                 f"num_gpu_blocks_override={num_blocks} blocks of {block_size} tokens hold {max(capacity, 0)} tokens, "
                 f"less than one sequence of max_model_len={max_model_len}: raise --num-gpu-blocks-override to at "
-                f"least {-(-max_model_len // block_size) + 1} or lower --max-model-len to at most {max(capacity, 0)}."
+                f"least {-(-max_model_len // block_size) * groups + 1} or lower --max-model-len to at most "
+                f"{max(capacity, 0)}."
             )
         logger.warning(
             "num_gpu_blocks_override=%d cannot hold one sequence of the model's %d tokens: the context shrinks to %d.",

@@ -34,6 +34,7 @@ from vllite.plugins.transformers_executor.attention import AttentionMetadata, fo
 from vllite.plugins.transformers_executor.fused_decode import FusedDecoder, build_fused_decoder
 from vllite.plugins.transformers_executor.huge_pages import zeros_on_huge_pages
 from vllite.plugins.transformers_executor.input_batch import CachedRequestState, InputBatch
+from vllite.plugins.transformers_executor.kv_cache_layout import KVCacheLayout
 from vllite.plugins.transformers_executor.kv_connector_step import execute_with_connector
 from vllite.plugins.transformers_executor.lora import LoRAModelManager
 from vllite.plugins.transformers_executor.model_loader import ModelSpec
@@ -68,11 +69,20 @@ class ModelRunner:
     """Owns the persistent batch, the KV cache tensors and the sampler for one loaded model."""
 
     def __init__(
-        self, config: EngineConfig, model: torch.nn.Module, spec: ModelSpec, device: torch.device, dtype: torch.dtype
+        self,
+        config: EngineConfig,
+        model: torch.nn.Module,
+        spec: ModelSpec,
+        device: torch.device,
+        dtype: torch.dtype,
+        *,
+        layout: KVCacheLayout | None = None,
     ) -> None:
         self.config = config
         self.model = model
         self.spec = spec
+        # How the layers share KV tensors, and the block tables a request has (one per KV-cache group).
+        self.layout = layout or KVCacheLayout.plain(spec.num_layers)
         self.device = device
         self.dtype = dtype
         # --kv-cache-dtype: the model's dtype (auto) or fp8 with per-layer (k_scale, v_scale), vLLM's default 1.0
@@ -87,7 +97,7 @@ class ModelRunner:
         self.max_model_len = int(config.model_config.max_model_len)
         self.max_num_reqs = config.scheduler_config.max_num_seqs
         self.vocab_size = self._output_vocab_size(model, spec)
-        max_blocks = -(-self.max_model_len // self.block_size)
+        max_blocks = -(-self.max_model_len // self.block_size) * self.layout.num_groups  # groups interleaved
         self.input_batch = InputBatch(self.max_num_reqs, self.max_model_len, max_blocks, self.vocab_size)
         self.requests: dict[str, CachedRequestState] = {}
         self.logitsprocs = _build_logitsprocs(config, device)
@@ -125,6 +135,8 @@ class ModelRunner:
         """The compiled decode step (fused_decode.py) for a CPU model without LoRA whose cache is in its dtype."""
         if self.device.type != "cpu" or self.lora is not None or self.kv_cache_dtype != self.dtype:
             return None
+        if self.layout.num_groups > 1:
+            return None
         return build_fused_decoder(model, self.dtype, self.max_model_len)
 
     @staticmethod
@@ -139,18 +151,18 @@ class ModelRunner:
         """Allocates ``num_blocks`` blocks per layer as one zeroed buffer with per-layer key/value views; keys and
         values of different head sizes (multi-head latent attention) get one buffer each, and no per-layer KV
         tensor for a KV connector."""
-        s = self.spec
+        s, slots = self.spec, self.layout.layer_slot  # layer i uses tensor slot slots[i] (kv_cache_layout.py)
         self.free_kv_cache()
+        n = self.layout.num_slots
         if s.v_head_dim != s.head_dim:
-            shapes = [
-                (s.num_layers, num_blocks, self.block_size, s.num_kv_heads, d) for d in (s.head_dim, s.v_head_dim)
-            ]
+            shapes = [(n, num_blocks, self.block_size, s.num_kv_heads, d) for d in (s.head_dim, s.v_head_dim)]
             self._kv_buffer, self._v_buffer = keys, values = self._zeros(shapes[0]), self._zeros(shapes[1])
-            self.kv_caches = [(keys[i], values[i]) for i in range(s.num_layers)]
+            self.kv_caches = [(keys[slots[i]], values[slots[i]]) for i in range(s.num_layers)]
             return
-        self._kv_buffer = self._zeros((s.num_layers, 2, num_blocks, self.block_size, s.num_kv_heads, s.head_dim))
-        self.kv_caches = [(self._kv_buffer[i, 0], self._kv_buffer[i, 1]) for i in range(s.num_layers)]
-        self.kv_layers = [self._kv_buffer[i] for i in range(s.num_layers)]
+        self._kv_buffer = self._zeros((n, 2, num_blocks, self.block_size, s.num_kv_heads, s.head_dim))
+        self.kv_caches = [(self._kv_buffer[slots[i], 0], self._kv_buffer[slots[i], 1]) for i in range(s.num_layers)]
+        if self.layout.num_groups == 1:
+            self.kv_layers = [self._kv_buffer[i] for i in range(s.num_layers)]
 
     def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
         if self.device.type == "cpu":
@@ -167,9 +179,11 @@ class ModelRunner:
         (``{kv_layer_name(i): layer i's KV}``); call again after the cache is re-allocated."""
         if not self.kv_layers:
             raise ModelLoadError(
-                "A KV connector moves each layer's keys and values as one tensor, which a model whose keys and values "
-                "have different head sizes (multi-head latent attention) does not have: drop --kv-transfer-config "
-                "(and --kv-offload-size) for this model."
+                "A KV connector moves each layer's keys and values as one tensor through one block table, which a "
+                "model whose keys and values have different head sizes (multi-head latent attention), or whose "
+                "sliding-window and full-attention layers keep their own block tables, does not have: drop "
+                "--kv-transfer-config (and --kv-offload-size) for this model, or for the latter pass "
+                "--disable-hybrid-kv-cache-manager."
             )
         self.kv_connector = connector
         connector.register_kv_caches({kv_layer_name(i): layer for i, layer in enumerate(self.kv_layers)})
@@ -449,6 +463,7 @@ class ModelRunner:
             self.device,
             stable_metadata=self.kv_connector is not None,
             num_drafts=num_drafts,
+            num_groups=self.layout.num_groups,
         )
 
     def _forward(
@@ -482,7 +497,8 @@ class ModelRunner:
         if self._accepts_logits_to_keep:
             kwargs["logits_to_keep"] = logits_indices
         caches = self.kv_caches, self.kv_connector, self.kv_layers, self.kv_scales
-        with forward_context(md, *caches, check_arguments=check_arguments) as ctx:
+        groups = self.layout.layer_group if md.groups else ()
+        with forward_context(md, *caches, check_arguments=check_arguments, layer_groups=groups) as ctx:
             output = self.model(**kwargs)
         if ctx.num_calls != self.spec.num_layers:
             raise AttentionRoutingError(

@@ -13,6 +13,8 @@ metadata tensors out of the buffers.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
@@ -53,6 +55,7 @@ def prepare_inputs(
     *,
     stable_metadata: bool = False,
     num_drafts: np.ndarray | None = None,
+    num_groups: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
     """The packed ``[1, num_tokens]`` input ids and positions and the attention metadata of rows
     ``0 .. len(num_scheduled)-1``, which compute ``num_scheduled[i]`` tokens each (all > 0). ``num_drafts[i]``
@@ -92,7 +95,7 @@ def prepare_inputs(
             f"Request {batch.req_ids[row]!r} is scheduled past its known tokens "
             f"({int(seq_lens[row])} > {int(known[row])})."
         )
-    block_idx = positions // block_size
+    block_idx = positions // block_size * num_groups  # the groups' tables interleaved: position k of g at k*G + g
     no_block = block_idx >= batch.num_blocks[row_of_token]
     if no_block.any():
         t = int(np.argmax(no_block))
@@ -105,17 +108,52 @@ def prepare_inputs(
     buffers.input_ids.numpy()[:total] = batch.token_ids[row_of_token, positions]
     seq_lens_np[:] = seq_lens
     max_seq_len = int(seq_lens.max())
-    max_blocks = -(-max_seq_len // block_size)
+    max_blocks = -(-max_seq_len // block_size) * num_groups
     slot_mapping, seq_lens_t = buffers.slot_mapping[:total], buffers.seq_lens[:num_reqs]
     if stable_metadata:
         slot_mapping, seq_lens_t, query_start_loc = slot_mapping.clone(), seq_lens_t.clone(), query_start_loc.clone()
     metadata = AttentionMetadata(
         slot_mapping=slot_mapping.to(device),
-        block_tables=torch.from_numpy(np.ascontiguousarray(batch.block_table[:num_reqs, :max_blocks])).to(device),
+        block_tables=_group_table(batch.block_table[:num_reqs], 0, num_groups, max_blocks).to(device),
         seq_lens=seq_lens_t.to(device),
         query_start_loc=query_start_loc.to(device),
         max_query_len=max_query_len,
         max_seq_len=max_seq_len,
     )
+    if num_groups > 1:
+        offsets = positions % block_size
+        metadata = _with_groups(metadata, batch, row_of_token, block_idx, offsets, block_size, max_blocks, device)
     input_ids = buffers.input_ids[:total].to(device).unsqueeze(0)
     return input_ids, buffers.positions[:total].to(device).unsqueeze(0), metadata
+
+
+def _group_table(table: np.ndarray, group: int, num_groups: int, width: int) -> torch.Tensor:
+    """Group ``group``'s block table out of the rows' interleaved ones (``width`` interleaved columns)."""
+    return torch.from_numpy(np.ascontiguousarray(table[:, group:width:num_groups]))
+
+
+def _with_groups(
+    metadata: AttentionMetadata,
+    batch: InputBatch,
+    row_of_token: np.ndarray,
+    block_idx: np.ndarray,
+    offsets: np.ndarray,
+    block_size: int,
+    width: int,
+    device: torch.device,
+) -> AttentionMetadata:
+    """``metadata`` (group 0's) with every KV-cache group's own slot mapping and block tables in ``groups``
+    (``block_idx``: each token's column of group 0 in the interleaved tables)."""
+    num_groups = width // -(-metadata.max_seq_len // block_size)
+    table = batch.block_table[: metadata.seq_lens.shape[0]]
+    groups = [metadata]
+    for group in range(1, num_groups):
+        slots = batch.block_table[row_of_token, block_idx + group].astype(np.int64) * block_size + offsets
+        groups.append(
+            dataclasses.replace(
+                metadata,
+                slot_mapping=torch.from_numpy(slots).to(device),
+                block_tables=_group_table(table, group, num_groups, width).to(device),
+            )
+        )
+    return dataclasses.replace(metadata, groups=tuple(groups))
