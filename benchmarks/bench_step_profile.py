@@ -54,9 +54,9 @@ class TimedExecutor(DefaultExecutor):
         self.records: list[tuple[float, float, float, float, int]] = []
         forward = self.runner._forward
 
-        def timed_forward(input_ids: Any, positions: Any, md: Any, logits_indices: Any) -> Any:
+        def timed_forward(input_ids: Any, positions: Any, md: Any, logits_indices: Any, *args: Any, **kw: Any) -> Any:
             start, cpu_start = time.monotonic(), time.thread_time()
-            logits = forward(input_ids, positions, md, logits_indices)
+            logits = forward(input_ids, positions, md, logits_indices, *args, **kw)
             self.records.append((start, time.monotonic(), cpu_start, time.thread_time(), int(md.max_query_len)))
             return logits
 
