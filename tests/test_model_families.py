@@ -13,78 +13,12 @@ The oracle is ``generate()`` with transformers' eager attention.
 from __future__ import annotations
 
 import random
-from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+from model_families_support import FAMILIES, HYBRID, MAX_TOKENS, checkpoint, hf_greedy
 
 from vllite import LLM, SamplingParams
-from vllite.testing.models import copy_demo_tokenizer
-
-SMALL = {"hidden_size": 64, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
-MAX_TOKENS = 12
-
-GQA = {**SMALL, "num_key_value_heads": 2, "head_dim": 16}
-
-FAMILIES: dict[str, dict[str, Any]] = {
-    "llama": GQA,
-    "qwen3": GQA,
-    "mistral": {**GQA, "sliding_window": 8},
-    "gemma3_text": {**GQA, "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"]},
-    "gemma2": {**GQA, "sliding_window": 8},  # alternating sliding and global layers, attention softcap
-    "qwen2": {**GQA, "use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1},  # full, then sliding
-    "mixtral": {**GQA, "num_local_experts": 4, "num_experts_per_tok": 2},
-    "qwen3_moe": {**GQA, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
-    "gpt_oss": {
-        **SMALL,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "num_local_experts": 4,
-        "num_experts_per_tok": 2,
-        "sliding_window": 8,  # layer 0 slides, layer 1 attends to everything
-    },
-    "deepseek_v3": {
-        **SMALL,
-        "num_key_value_heads": 4,
-        "kv_lora_rank": 16,
-        "q_lora_rank": None,
-        "qk_nope_head_dim": 16,
-        "qk_rope_head_dim": 8,
-        "v_head_dim": 8,  # keys 24 wide, values 8
-        "n_routed_experts": 4,
-        "num_experts_per_tok": 2,
-        "n_group": 1,
-        "topk_group": 1,
-        "moe_intermediate_size": 32,
-        "first_k_dense_replace": 1,
-    },
-}
-
-
-#: Families whose sliding-window and full-attention layers form two KV-cache groups (kv_cache_layout.py).
-HYBRID = {"gemma2", "gemma3_text", "gpt_oss", "qwen2"}
-
-
-def _checkpoint(path: Path, model_type: str) -> str:
-    copy_demo_tokenizer(path)
-    config = AutoConfig.for_model(model_type, vocab_size=4096, max_position_embeddings=256, **FAMILIES[model_type])
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("sinks"):
-                param.normal_(0.0, 2.0)  # sinks large enough to change the result when ignored
-    model.save_pretrained(path)
-    return str(path)
-
-
-def _hf_greedy(model_dir: str, prompts: list[list[int]]) -> list[list[int]]:
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
-    gen = GenerationConfig(do_sample=False, max_new_tokens=MAX_TOKENS, eos_token_id=None, pad_token_id=0)
-    with torch.no_grad():
-        return [model.generate(torch.tensor([p]), generation_config=gen)[0, len(p) :].tolist() for p in prompts]
 
 
 def _prompts(seed: int) -> tuple[list[list[int]], list[list[int]]]:
@@ -116,9 +50,9 @@ def _greedy(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
 
 @pytest.mark.parametrize("model_type", sorted(FAMILIES))
 def test_family_matches_hf_with_chunking_prefix_hits_and_preemption(tmp_path, model_type):
-    model_dir = _checkpoint(tmp_path, model_type)
+    model_dir = checkpoint(tmp_path, model_type)
     first, second = _prompts(seed=len(model_type))
-    expected = _hf_greedy(model_dir, first + second)
+    expected = hf_greedy(model_dir, first + second)
 
     # Room for every sequence: the second batch finds the first batch's prefixes in the cache.
     llm = _llm(model_dir, num_blocks=128)
@@ -157,10 +91,10 @@ def test_family_matches_hf_with_chunking_prefix_hits_and_preemption(tmp_path, mo
 def test_sliding_groups_hold_more_long_sequences_in_the_same_memory(tmp_path, model_type):
     """The same KV memory (``--cpu-kvcache-space``) runs more 56-token sequences at once with the sliding layers'
     blocks freed behind their window than with every layer's KV kept in every block, and the tokens stay HF's."""
-    model_dir = _checkpoint(tmp_path, model_type)
+    model_dir = checkpoint(tmp_path, model_type)
     rng = random.Random(3)
     prompts = [[rng.randrange(10, 4000) for _ in range(44)] for _ in range(8)]
-    expected = _hf_greedy(model_dir, prompts)
+    expected = hf_greedy(model_dir, prompts)
     peaks = {}
     for hybrid in (True, False):
         llm = LLM(

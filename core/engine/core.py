@@ -130,10 +130,13 @@ class EngineCore:
     def _log_ready(self) -> None:
         """The one start-up line (as vLLM's): the resolved dtype, the context length and the KV cache's capacity."""
         info = self.info
+        groups = self.model_executor.model_info.kv_cache_groups
+        # A grouped model's block holds one group's share of the layers, and a position takes a block per group.
+        layout = f" in {len(groups)} groups (windows {list(groups)})" if groups else ""
         logger.info(
-            "Engine core ready: model=%s dtype=%s max_model_len=%d KV cache: %d blocks / %d tokens / %s "
+            "Engine core ready: model=%s dtype=%s max_model_len=%d KV cache: %d blocks%s / %d tokens / %s "
             "(kv_cache_dtype=%s) scheduler=%s",
-            self.config.model_config.model, info.dtype or "?", info.max_model_len, info.num_gpu_blocks,
+            self.config.model_config.model, info.dtype or "?", info.max_model_len, info.num_gpu_blocks, layout,
             info.num_gpu_blocks * info.block_size, _gib(self._kv_cache_bytes), self.config.cache_config.kv_cache_dtype,
             info.scheduler,
         )  # fmt: skip
