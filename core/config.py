@@ -87,6 +87,9 @@ class ModelConfig:
     enable_sleep_mode: bool = False
     # Accept ``prompt_embeds`` inputs (vLLM's --enable-prompt-embeds): prompts given as embedding rows.
     enable_prompt_embeds: bool = False
+    # vLLM's --enable-return-routed-experts: a MoE model's finished outputs carry each computed position's top-k
+    # expert ids per MoE layer (CompletionOutput.routed_experts).
+    enable_return_routed_experts: bool = False
     # What sampled-token logprobs hold (vLLM's --logprobs-mode, one of LOGPROBS_MODES): raw = from the model's
     # logits, processed = from those sampled from (processors, penalties, temperature, top-k/p applied).
     logprobs_mode: str = "raw_logprobs"

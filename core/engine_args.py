@@ -118,6 +118,10 @@ class EngineArgs:
     enable_prompt_embeds: bool = field(
         default=False, metadata=_help("Accept prompt_embeds inputs (embedding rows instead of token ids).")
     )
+    enable_return_routed_experts: bool = field(
+        default=False,
+        metadata=_help("MoE models: return each position's top-k expert ids per MoE layer with finished outputs."),
+    )
     block_size: int = field(default=16, metadata=_help("Tokens per KV-cache block."))
     enable_prefix_caching: bool = field(default=True, metadata=_help("Reuse KV blocks of shared prefixes."))
     prefix_caching_hash_algo: str = field(
@@ -391,6 +395,7 @@ class EngineArgs:
             pooler_config=self.pooler_config,
             enable_sleep_mode=self.enable_sleep_mode,
             enable_prompt_embeds=self.enable_prompt_embeds,
+            enable_return_routed_experts=self.enable_return_routed_experts,
         )
 
     def _lora_config(self) -> LoRAConfig | None:

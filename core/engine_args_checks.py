@@ -33,6 +33,11 @@ def validate_engine_args(args: EngineArgs) -> None:
         raise ValueError(f"watermark must be a number in [0, 1) (a fraction of the KV blocks), got {watermark!r}.")
     if not isinstance(args.scheduler_reserve_full_isl, bool):
         raise ValueError(f"scheduler_reserve_full_isl must be True or False, got {args.scheduler_reserve_full_isl!r}.")
+    if args.enable_return_routed_experts and (args.speculative_config or args.async_scheduling):
+        raise ValueError(
+            "--enable-return-routed-experts cannot be combined with --speculative-config or --async-scheduling: "
+            "the routing of draft and placeholder positions is not kept; turn one of them off."
+        )
     if args.gpu_memory_utilization is not None and not 0.0 < args.gpu_memory_utilization <= 1.0:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {args.gpu_memory_utilization}.")
     if args.scheduler_cls is None:

@@ -33,6 +33,9 @@ class CompletionOutput:
     stop_reason: int | str | None = None
     # With ``finish_reason == "error"``: what failed (the plugin, the hook and the exception, or the check).
     error: str | None = None
+    # --enable-return-routed-experts, once finished: int16 [positions, moe_layers, top_k] top-k expert ids of every
+    # computed position (the prompt and every generated token but the last; -1 where a window released it).
+    routed_experts: Any = None
 
     def finished(self) -> bool:
         return self.finish_reason is not None

@@ -190,6 +190,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     pooling_output: Any = None
     # A session's turn ended (``finish_reason`` says why) and the session waits for its next input chunk.
     session_open: bool = False
+    # --enable-return-routed-experts, on the finishing output: int16 [positions, moe_layers, top_k] expert ids.
+    routed_experts: Any = None
 
     @property
     def finished(self) -> bool:

@@ -193,6 +193,8 @@ class Request:
         self.structured_output_request: StructuredOutputRequest | None = None
         # Free-form per-request state for scheduler policies (e.g. Continuum's job id); never sent anywhere.
         self.extra: dict[str, Any] = {}
+        # --enable-return-routed-experts: the expert ids of the positions computed so far (vllite.sched.routed_experts).
+        self.routed_experts: list[Any] = []
 
     @classmethod
     def from_engine_core_request(cls, request: EngineCoreRequest, block_hasher: BlockHasher | None = None) -> Request:

@@ -136,6 +136,7 @@ class OutputProcessor:
         finish_reason, stop_reason = output.finish_reason, output.stop_reason
         state.num_cached_tokens = output.num_cached_tokens
         state.error = output.error
+        state.routed_experts = output.routed_experts
         state.is_prefilling = False
         stats = state.stats
         if stats is not None:

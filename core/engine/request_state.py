@@ -50,6 +50,7 @@ class RequestState:
         self.log_stats = log_stats
         self.queue = queue
         self.error: str | None = None  # the engine's message for an ERROR finish
+        self.routed_experts: Any = None  # --enable-return-routed-experts: the finishing output's expert ids
         self.session = SessionTurns(context_token_ids=[]) if request.resumable else None
         self.start_turn(request, prompt)
 
@@ -171,6 +172,7 @@ class RequestState:
             finish_reason=str(finish_reason) if finished else None,
             stop_reason=stop_reason if finished else None,
             error=self.error if finished else None,
+            routed_experts=self.routed_experts if finished else None,
         )
 
     def queue_chunk(self, chunk: EngineCoreRequest, prompt_text: str | None) -> None:

@@ -120,6 +120,9 @@ class ModelRunnerOutput:
     # A pooling model's results: req_id -> the pooled tensor of each request whose prompt completed this step
     # (it finishes with it); None for a generating model.
     pooler_output: dict[str, Any] | None = None
+    # --enable-return-routed-experts: req_id -> (start, rows): the expert ids of its positions from ``start`` on
+    # that this step computed (or read from cached slots), [positions, moe_layers, top_k].
+    routed_experts: dict[str, Any] | None = None
 
     @classmethod
     def empty(cls) -> ModelRunnerOutput:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllite.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason, LogprobsLists, SchedulerStats
 from vllite.request import Request, RequestStatus
+from vllite.sched.routed_experts import record_routing, take_routing
 from vllite.sched.sessions import continue_session, keeps_session_open
 from vllite.sched.stop import check_stop
 from vllite.structured_output.bitmask import resolve_grammar_output
@@ -78,6 +79,7 @@ def _apply_sampled_to_scheduled(
     index_of, sampled = model_runner_output.req_id_to_index, model_runner_output.sampled_token_ids
     no_drafts = not scheduler_output.scheduled_spec_decode_tokens
     pooled = model_runner_output.pooler_output
+    routed = model_runner_output.routed_experts
     requests = scheduler.requests
     for request_id in scheduler_output.num_scheduled_tokens:
         request = requests.get(request_id)
@@ -105,9 +107,13 @@ def _apply_sampled_to_scheduled(
         if stopped:
             stopped_lists = (stopped_running, stopped_waiting, turns_ended)
             session_open = _retire_stopped(scheduler, request, was_running, *stopped_lists)
+        if routed is not None and request_id in routed:
+            record_routing(request, *routed[request_id])
         output = make_request_output(request, new_token_ids, stopped, model_runner_output, row_starts)
         if pooled is not None and output is not None and stopped:
             output.pooling_output = pooled.get(request_id)
+        if routed is not None and output is not None and stopped and not session_open:
+            output.routed_experts = take_routing(request)
         if output is not None:
             output.session_open = session_open
             outputs[request.client_index].append(output)

@@ -40,6 +40,7 @@ from vllite.plugins.transformers_executor.lora import LoRAModelManager
 from vllite.plugins.transformers_executor.model_loader import ModelSpec
 from vllite.plugins.transformers_executor.prompt_embeds import PromptEmbedsInputs
 from vllite.plugins.transformers_executor.prompt_logprobs import compute_prompt_logprobs, plan_prompt_logprobs
+from vllite.plugins.transformers_executor.routed_experts import RoutedExpertsRecorder
 from vllite.plugins.transformers_executor.sampler import (
     Sampler,
     SamplingMetadata,
@@ -128,6 +129,9 @@ class ModelRunner:
         self.lora: LoRAModelManager | None = None  # LoRA adapters (--enable-lora), applied inside the model
         if config.lora_config is not None:
             self.lora = LoRAModelManager(model, config.lora_config, device, dtype)
+        self.routed_experts: RoutedExpertsRecorder | None = None  # --enable-return-routed-experts
+        if config.model_config.enable_return_routed_experts:
+            self.routed_experts = RoutedExpertsRecorder(model, type(model).__name__)
         self.fused_decoder = self._build_fused_decoder(model)
         self.prompt_embeds = PromptEmbedsInputs(model)  # inputs_embeds of steps with prompt_embeds positions
 
@@ -135,7 +139,7 @@ class ModelRunner:
         """The compiled decode step (fused_decode.py) for a CPU model without LoRA whose cache is in its dtype."""
         if self.device.type != "cpu" or self.lora is not None or self.kv_cache_dtype != self.dtype:
             return None
-        if self.layout.num_groups > 1:
+        if self.layout.num_groups > 1 or self.routed_experts is not None:
             return None
         return build_fused_decoder(model, self.dtype, self.max_model_len)
 
@@ -153,6 +157,8 @@ class ModelRunner:
         tensor for a KV connector."""
         s, slots = self.spec, self.layout.layer_slot  # layer i uses tensor slot slots[i] (kv_cache_layout.py)
         self.free_kv_cache()
+        if self.routed_experts is not None:
+            self.routed_experts.allocate(num_blocks * self.block_size)
         n = self.layout.num_slots
         if s.v_head_dim != s.head_dim:
             shapes = [(n, num_blocks, self.block_size, s.num_kv_heads, d) for d in (s.head_dim, s.v_head_dim)]
@@ -197,9 +203,18 @@ class ModelRunner:
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Runs one scheduled step and returns the sampled tokens (see the module docstring); with a KV connector,
         between its per-step calls (:mod:`~vllite.plugins.transformers_executor.kv_connector_step`)."""
+        recorder = self.routed_experts
+        if recorder is not None:
+            recorder.begin_step()
         if self.kv_connector is None:
-            return self._execute_model(scheduler_output)
-        return execute_with_connector(self.kv_connector, scheduler_output, self._execute_model)
+            output = self._execute_model(scheduler_output)
+        else:
+            output = execute_with_connector(self.kv_connector, scheduler_output, self._execute_model)
+        if recorder is not None:
+            new = {r.req_id for r in scheduler_output.scheduled_new_reqs}
+            batch, groups = self.input_batch, self.layout.num_groups
+            output.routed_experts = recorder.collect(new, batch.block_table, self.block_size, groups)
+        return output
 
     def _execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         self._update_states(scheduler_output)
@@ -505,6 +520,12 @@ class ModelRunner:
                 f"{type(self.model).__name__} called vllite's attention {ctx.num_calls} times for "
                 f"{self.spec.num_layers} layers; this architecture does not route attention through "
                 "transformers' attention interface, so vllite cannot run it."
+            )
+        if self.routed_experts is not None:
+            n = int(md.seq_lens.shape[0])
+            batch = self.input_batch
+            self.routed_experts.end_forward(
+                md.slot_mapping, batch.req_ids[:n], batch.num_computed_tokens[:n], md.query_start_loc.tolist()
             )
         logits = output.logits[0]
         if not self._accepts_logits_to_keep:
