@@ -74,3 +74,17 @@ def hf_greedy(model_dir: str, prompts: list[list[int]], max_tokens: int = MAX_TO
     gen = GenerationConfig(do_sample=False, max_new_tokens=max_tokens, eos_token_id=None, pad_token_id=0)
     with torch.no_grad():
         return [model.generate(torch.tensor([p]), generation_config=gen)[0, len(p) :].tolist() for p in prompts]
+
+
+def record_preemptions(scheduler: Any) -> set[str]:
+    """A set that collects the ids of the requests ``scheduler`` preempts from now on."""
+    preempted: set[str] = set()
+    schedule = scheduler.schedule
+
+    def recording_schedule():
+        output = schedule()
+        preempted.update(output.preempted_req_ids)
+        return output
+
+    scheduler.schedule = recording_schedule
+    return preempted

@@ -16,7 +16,7 @@ import random
 from typing import Any
 
 import pytest
-from model_families_support import FAMILIES, HYBRID, MAX_TOKENS, checkpoint, hf_greedy
+from model_families_support import FAMILIES, HYBRID, MAX_TOKENS, checkpoint, hf_greedy, record_preemptions
 
 from vllite import LLM, SamplingParams
 
@@ -72,15 +72,7 @@ def test_family_matches_hf_with_chunking_prefix_hits_and_preemption(tmp_path, mo
     blocks = 33 if model_type in HYBRID else 18
     llm = _llm(model_dir, num_blocks=blocks, max_num_seqs=8, scheduler_reserve_full_isl=False)
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
-    preempted: set[str] = set()
-    schedule = scheduler.schedule
-
-    def recording_schedule():
-        output = schedule()
-        preempted.update(output.preempted_req_ids)
-        return output
-
-    scheduler.schedule = recording_schedule
+    preempted = record_preemptions(scheduler)
     assert _greedy(llm, first + second) == expected
     # A window on every layer (Mistral's) frees blocks as fast as decoding takes them: that model never outgrows
     # the cache here, and what it checks is the equality at a capacity for fewer sequences than submitted.

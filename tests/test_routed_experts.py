@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from model_families_support import checkpoint
+from model_families_support import checkpoint, record_preemptions
 from transformers import AutoModelForCausalLM
 
 from vllite import LLM, SamplingParams
@@ -61,15 +61,7 @@ def test_routed_experts_equal_hf_routers_with_chunks_prefix_hits_and_preemption(
     # Too little room for all eight at once: requests are preempted and recompute (their routing again from 0).
     llm = _llm(mixtral, num_gpu_blocks_override=17, max_num_seqs=8, scheduler_reserve_full_isl=False)
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
-    preempted: set[str] = set()
-    schedule = scheduler.schedule
-
-    def recording_schedule():
-        output = schedule()
-        preempted.update(output.preempted_req_ids)
-        return output
-
-    scheduler.schedule = recording_schedule
+    preempted = record_preemptions(scheduler)
     tight = llm.generate([{"prompt_token_ids": p} for p in first + second], params, use_tqdm=False)
     assert preempted
     for prompt, output in zip(first + second + first + second, outputs + hits + tight, strict=True):
