@@ -22,6 +22,7 @@ needs_kernel = pytest.mark.skipif(cpu_linear.linear_kernel() is None, reason="th
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
 def test_a_decode_linear_equals_nn_linear_at_every_batch_size(monkeypatch, dtype, bias):
+    monkeypatch.setenv("VLLITE_CPU_PACKED_LINEAR", "0")  # bfloat16 through the compiled kernel, not oneDNN's
     torch.manual_seed(0)
     reference = nn.Linear(96, 40, bias=bias).to(dtype)
     model = nn.Sequential(nn.Linear(96, 40, bias=bias).to(dtype))
@@ -42,7 +43,8 @@ def test_a_decode_linear_equals_nn_linear_at_every_batch_size(monkeypatch, dtype
 
 
 @needs_kernel
-def test_only_the_layers_the_kernel_takes_are_converted():
+def test_only_the_layers_the_kernel_takes_are_converted(monkeypatch):
+    monkeypatch.setenv("VLLITE_CPU_PACKED_LINEAR", "0")
     model = nn.Sequential(
         nn.Linear(64, 8),  # converted
         nn.Linear(40, 8),  # input width not a multiple of 32
@@ -55,8 +57,33 @@ def test_only_the_layers_the_kernel_takes_are_converted():
 
 
 def test_without_the_kernel_nothing_is_converted(monkeypatch):
+    monkeypatch.setenv("VLLITE_CPU_PACKED_LINEAR", "0")
     with kernel_switch(monkeypatch, cpu_linear.linear_kernel, "VLLITE_CPU_LINEAR_KERNEL", on=False):
         assert use_decode_linears(nn.Sequential(nn.Linear(64, 8))) == 0
+
+
+needs_onednn_bf16 = pytest.mark.skipif(
+    not decode_linear.onednn_bf16_linear_available(), reason="no oneDNN bfloat16 kernels on this CPU"
+)
+
+
+@needs_onednn_bf16
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_a_packed_bf16_linear_equals_nn_linear_at_every_batch_size(bias):
+    """bfloat16 weights reordered once for oneDNN give what ``F.linear`` gives, at decode and prefill sizes, keep
+    the plain weight (the state dict is the layer's); a float32 layer is not packed."""
+    torch.manual_seed(0)
+    reference = nn.Linear(96, 40, bias=bias).to(torch.bfloat16)
+    model = nn.Sequential(nn.Linear(96, 40, bias=bias).to(torch.bfloat16), nn.Linear(96, 40))
+    model[0].load_state_dict(reference.state_dict())
+    assert use_decode_linears(model) == 2
+    assert type(model[0]) is decode_linear.PackedLinear and type(model[1]) is not decode_linear.PackedLinear
+    assert set(model[0].state_dict()) == set(reference.state_dict())
+    for shape in [(1, 96), (3, 96), (2, 2, 96), (1, 16, 96), (1, 300, 96)]:
+        x = torch.randn(shape).to(torch.bfloat16)
+        got, expected = model[0](x), reference(x)
+        assert got.shape == expected.shape and got.dtype == torch.bfloat16
+        torch.testing.assert_close(got.float(), expected.float(), rtol=2e-2, atol=2e-2)
 
 
 @needs_kernel

@@ -109,7 +109,8 @@ def _available_archs() -> tuple[str, ...]:
 SUPPORTED_TINY_ARCHS: tuple[str, ...] = _available_archs()
 
 #: Named sizes for :func:`make_model`. ``"30m"`` is a Llama of about 30M parameters and ``"100m"`` one of about
-#: 100M (hidden 1024, 8 layers; both with the demo tokenizer's 4,096-token vocabulary), used by the benchmarks.
+#: 100M (hidden 1024, 8 layers); ``"0.5b"`` is Qwen2.5-0.5B's body and ``"1b"`` Llama-3.2-1B's (all with the demo
+#: tokenizer's 4,096-token vocabulary), used by the benchmarks.
 MODEL_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2},
     "30m": {
@@ -128,7 +129,28 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
         "intermediate_size": 2816,
         "max_position_embeddings": 2048,
     },
+    # The bodies of models people run (their published shapes; the demo tokenizer's small vocabulary).
+    "0.5b": {  # Qwen2.5-0.5B: Q/K/V biases, tied embeddings
+        "hidden_size": 896,
+        "num_layers": 24,
+        "num_heads": 14,
+        "num_kv_heads": 2,
+        "intermediate_size": 4864,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": True,
+    },
+    "1b": {  # Llama-3.2-1B
+        "hidden_size": 2048,
+        "num_layers": 16,
+        "num_heads": 32,
+        "num_kv_heads": 8,
+        "intermediate_size": 8192,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": True,
+    },
 }
+#: The architecture of a preset that is not a Llama.
+PRESET_ARCHS: dict[str, str] = {"0.5b": "qwen2"}
 
 
 def copy_demo_tokenizer(dest: str | Path, source: str | Path | None = None) -> Path:
@@ -302,10 +324,14 @@ def _add_legacy_config_keys(config_path: Path, dtype: str) -> None:
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def make_model(path: str | Path, *, preset: str = "30m", arch: str = "llama", seed: int = 0, **kwargs: Any) -> Path:
-    """Build a model of a named size (:data:`MODEL_PRESETS`) at ``path``; ``kwargs`` override preset fields."""
+def make_model(
+    path: str | Path, *, preset: str = "30m", arch: str | None = None, seed: int = 0, **kwargs: Any
+) -> Path:
+    """Build a model of a named size (:data:`MODEL_PRESETS`) at ``path``, of the preset's architecture
+    (:data:`PRESET_ARCHS`, else a Llama) unless ``arch`` is given; ``kwargs`` override preset fields."""
     if preset not in MODEL_PRESETS:
         raise ValueError(f"unknown preset {preset!r}; known: {', '.join(MODEL_PRESETS)}")
+    arch = arch or PRESET_ARCHS.get(preset, "llama")
     return make_tiny_model(arch, path, seed=seed, **{**MODEL_PRESETS[preset], **kwargs})
 
 

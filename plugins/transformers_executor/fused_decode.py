@@ -25,7 +25,7 @@ from torch import nn
 from vllite.kernels import cpu_linear
 from vllite.kernels.cpu_decode_step import decode_step_kernel
 from vllite.plugins.transformers_executor.attention import AttentionMetadata
-from vllite.plugins.transformers_executor.decode_linear import DecodeLinear
+from vllite.plugins.transformers_executor.decode_linear import DecodeLinear, PackedLinear
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class FusedDecoder:
 
 def _is_plain_linear(module: Any, dtype: torch.dtype, bias_allowed: bool) -> bool:
     """Whether ``module`` is a plain ``dtype`` linear layer whose weight the kernel can read."""
-    if type(module) not in (nn.Linear, DecodeLinear) or module.in_features % cpu_linear.GROUP_MULTIPLE:
+    if type(module) not in (nn.Linear, DecodeLinear, PackedLinear) or module.in_features % cpu_linear.GROUP_MULTIPLE:
         return False
     if module.weight.dtype != dtype or not module.weight.is_contiguous():
         return False
