@@ -221,9 +221,11 @@ def test_attention_layer_builds_one_plan_per_forward_and_window() -> None:
     caches = [(key_cache.clone(), value_cache.clone()) for _ in layers]
     with attn.forward_context(md, caches) as ctx:
         outs = [attn.paged_attention_forward(m, query, key, value, None)[0][0] for m in layers]
-    assert ctx.num_calls == 3 and set(ctx.plans) == {None, 6}
-    assert ctx.plans[None].slots is not None
-    assert set(ctx.params) == {None, 6} and ctx.params[6].plan is ctx.plans[6]
+    # Plans and arguments are keyed by the metadata they were built over (a KV-cache group's) and the window.
+    key = id(md)
+    assert ctx.num_calls == 3 and set(ctx.plans) == {(key, None), (key, 6)}
+    assert ctx.plans[key, None].slots is not None
+    assert set(ctx.params) == {(key, None), (key, 6)} and ctx.params[key, 6].plan is ctx.plans[key, 6]
     for module, got in zip(layers, outs):
         params = case.params(scale=0.35, sliding_window=module.sliding_window)
         expect = paged_attention_ref(case.query, *caches[module.layer_idx], params)

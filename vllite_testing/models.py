@@ -324,9 +324,7 @@ def _add_legacy_config_keys(config_path: Path, dtype: str) -> None:
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def make_model(
-    path: str | Path, *, preset: str = "30m", arch: str | None = None, seed: int = 0, **kwargs: Any
-) -> Path:
+def make_model(path: str | Path, *, preset: str = "30m", arch: str | None = None, seed: int = 0, **kwargs: Any) -> Path:
     """Build a model of a named size (:data:`MODEL_PRESETS`) at ``path``, of the preset's architecture
     (:data:`PRESET_ARCHS`, else a Llama) unless ``arch`` is given; ``kwargs`` override preset fields."""
     if preset not in MODEL_PRESETS:

@@ -110,17 +110,26 @@ def _apply_sampled_to_scheduled(
         if routed is not None and request_id in routed:
             record_routing(request, *routed[request_id])
         output = make_request_output(request, new_token_ids, stopped, model_runner_output, row_starts)
-        if pooled is not None and output is not None and stopped:
-            output.pooling_output = pooled.get(request_id)
-        if routed is not None and output is not None and stopped and not session_open:
-            output.routed_experts = take_routing(request)
         if output is not None:
-            output.session_open = session_open
+            if stopped:
+                _attach_results(output, request, model_runner_output, session_open)
             outputs[request.client_index].append(output)
     _remove_stopped(scheduler, stopped_running, stopped_waiting)
     for request in turns_ended:
         continue_session(scheduler, request)
     return outputs
+
+
+def _attach_results(
+    output: EngineCoreOutput, request: Request, model_runner_output: ModelRunnerOutput, session_open: bool
+) -> None:
+    """What a stopped request's last output carries besides its tokens: a pooling request's result, whether the
+    session stays open, and (``--enable-return-routed-experts``) the experts every position was routed to."""
+    output.session_open = session_open
+    if model_runner_output.pooler_output is not None:
+        output.pooling_output = model_runner_output.pooler_output.get(request.request_id)
+    if model_runner_output.routed_experts is not None and not session_open:
+        output.routed_experts = take_routing(request)
 
 
 def _retire_stopped(
