@@ -194,6 +194,41 @@ def best_of(repeat: int, fn: Callable[[], object], *, warmup: int = 0) -> float:
     return best
 
 
+# ---------------------------------------------------------------------------------------------------- the CPU
+#: cpuinfo flags -> the instruction set they name, most capable first (what decides bfloat16 matmul speed).
+_ISA_FLAGS = (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16"), ("avx512f", "AVX-512"), ("avx2", "AVX2"))
+_cpu_printed = False
+
+
+def cpu_description() -> str:
+    """This CPU as a figure must name it: its model and the instruction sets that decide matmul speed, e.g.
+    ``AMD EPYC, 2 cores (AVX512-BF16, AVX-512, AVX2; no AMX)``."""
+    import os
+
+    model, flags = "unknown CPU", set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    model = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+    except OSError:
+        pass
+    isas = [name for flag, name in _ISA_FLAGS if flag in flags]
+    amx = "" if "AMX" in isas else "; no AMX"
+    return f"{model}, {os.cpu_count()} cores ({', '.join(isas) or 'no AVX2'}{amx})"
+
+
+def print_cpu() -> None:
+    """Prints :func:`cpu_description` once per process, before the first figure."""
+    global _cpu_printed
+    if not _cpu_printed:
+        _cpu_printed = True
+        print(f"CPU: {cpu_description()}")
+
+
 # ---------------------------------------------------------------------------------------------------- rounds
 def alternate(
     runners: Mapping[K, Callable[[], float]], repeats: int, total: int, label: Callable[[K], str] = str
@@ -211,6 +246,7 @@ def alternate(
 def report_rates(results: dict, key: str, label: str, rates: list[float]) -> float:
     """Prints the median of ``rates`` (tokens/s) after ``label`` and all of them, records both in ``results``
     (``{key}_tokens_per_s`` and ``{key}_tokens_per_s_all``) and returns the median."""
+    print_cpu()
     rates = sorted(rates)
     median = statistics.median(rates)
     results[f"{key}_tokens_per_s"] = median

@@ -154,6 +154,7 @@ def main() -> None:
     parser.add_argument("--model-preset", default=None, help="vllite.testing preset (default: the demo model)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ns = parser.parse_args()
+    common.print_cpu()
     if ns.worker:
         print(json.dumps({"tokens_per_s": mixed_workload(ns.num_prompts, ns.model_preset)}))
         return

@@ -20,6 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import _common as common
+
 os.environ.setdefault("VLLITE_ENABLE_MULTIPROCESSING", "0")  # the engine in this process: its own timing only
 
 
@@ -67,6 +69,7 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    common.print_cpu()
 
     from vllite import LLM
 

@@ -156,6 +156,7 @@ def main() -> None:
     parser.add_argument("--cprofile", type=int, default=0, help="Print this many cProfile rows (in-process).")
     common.add_json_arg(parser)
     args = parser.parse_args()
+    common.print_cpu()
 
     model = common.resolve_model(args.model, None)
     modes = ("inprocess", "process") if args.mode == "both" else (args.mode,)
