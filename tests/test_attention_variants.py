@@ -9,13 +9,13 @@ compiled kernels in half precision when a GPU is present.
 from __future__ import annotations
 
 import importlib.util
-import math
-from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import torch
 
-from vllite.kernels import PagedAttentionParams
+from tests.test_kernels import PagedCase
+from tests.test_kernels import make_case as kernels_make_case
 
 triton_cpu = pytest.mark.skipif(
     torch.cuda.is_available() or importlib.util.find_spec("triton") is None,
@@ -27,32 +27,6 @@ triton_cpu = pytest.mark.skipif(
 MIXED = [(5, 1), (0, 7), (9, 4), (0, 1)]
 
 
-@dataclass
-class Case:
-    """A batch laid out in paged caches whose keys and values may differ in head size, with its dense K/V."""
-
-    query: torch.Tensor  # [T, H, Dk]
-    key_cache: torch.Tensor  # [num_blocks, block_size, Hkv, Dk]
-    value_cache: torch.Tensor  # [num_blocks, block_size, Hkv, Dv]
-    block_tables: torch.Tensor
-    seq_lens: torch.Tensor
-    query_start_loc: torch.Tensor
-    dense_k: list[torch.Tensor]  # per sequence [seq_len, Hkv, Dk], as cached
-    dense_v: list[torch.Tensor]  # per sequence [seq_len, Hkv, Dv], as cached
-
-    def params(self, **layer: object) -> PagedAttentionParams:
-        """The batch's kernel arguments with the layer settings ``layer`` (``scale``, ``sinks``, ...)."""
-        query_lens = self.query_start_loc[1:] - self.query_start_loc[:-1]
-        return PagedAttentionParams(
-            self.block_tables,
-            self.seq_lens,
-            self.query_start_loc,
-            max_query_len=int(query_lens.max()),
-            max_seq_len=int(self.seq_lens.max()),
-            **layer,  # type: ignore[arg-type]
-        )
-
-
 def make_case(
     specs: list[tuple[int, int]],
     *,
@@ -61,51 +35,24 @@ def make_case(
     head_dim_k: int,
     head_dim_v: int,
     block_size: int = 4,
-    dtype: torch.dtype = torch.float32,
-    device: str = "cpu",
-    seed: int = 0,
-    extra_tokens: int = 0,
-) -> Case:
-    """``specs`` holds ``(context_len, query_len)`` per sequence; blocks are assigned in shuffled order.
-
-    The spare blocks hold NaN and unused block-table entries an out-of-range id: a kernel that reads either fails.
-    ``extra_tokens`` appends padding query rows past ``query_start_loc[-1]``.
-    """
-    g = torch.Generator().manual_seed(seed)
-    seq_lens = [c + q for c, q in specs]
-    blocks_per_seq = [math.ceil(n / block_size) for n in seq_lens]
-    num_blocks = sum(blocks_per_seq) + 3
-    perm = torch.randperm(num_blocks, generator=g).tolist()
-    block_tables = torch.full((len(specs), max(blocks_per_seq) + 1), 10**6, dtype=torch.int32)
-    key_cache = torch.full((num_blocks, block_size, num_kv_heads, head_dim_k), float("nan"))
-    value_cache = torch.full((num_blocks, block_size, num_kv_heads, head_dim_v), float("nan"))
-    dense_k, dense_v, queries = [], [], []
-    for s, ((_ctx, q_len), n) in enumerate(zip(specs, seq_lens)):
-        ids = [perm.pop() for _ in range(blocks_per_seq[s])]
-        block_tables[s, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
-        key_cache[ids] = torch.randn(len(ids), block_size, num_kv_heads, head_dim_k, generator=g)
-        value_cache[ids] = torch.randn(len(ids), block_size, num_kv_heads, head_dim_v, generator=g)
-        pos = torch.arange(n)
-        slots = (torch.tensor(ids)[pos // block_size], pos % block_size)
-        dense_k.append(key_cache[slots].to(dtype).double())
-        dense_v.append(value_cache[slots].to(dtype).double())
-        queries.append(torch.randn(q_len, num_heads, head_dim_k, generator=g))
-    queries.append(torch.randn(extra_tokens, num_heads, head_dim_k, generator=g))
-    qsl = torch.tensor([0] + [q for _, q in specs], dtype=torch.int32).cumsum(0, dtype=torch.int32)
-    return Case(
-        query=torch.cat(queries).to(device=device, dtype=dtype),
-        key_cache=key_cache.to(device=device, dtype=dtype),
-        value_cache=value_cache.to(device=device, dtype=dtype),
-        block_tables=block_tables.to(device),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-        query_start_loc=qsl.to(device),
-        dense_k=dense_k,
-        dense_v=dense_v,
+    **kwargs: Any,
+) -> PagedCase:
+    """``tests.test_kernels.make_case`` with keys and values of their own head sizes, every slot that holds no token
+    filled with NaN (a kernel that reads one fails) and the unused block-table entries out of range."""
+    return kernels_make_case(
+        specs,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim_k,
+        head_dim_v=head_dim_v,
+        block_size=block_size,
+        spare=float("nan"),
+        **kwargs,
     )
 
 
 def oracle(
-    case: Case,
+    case: PagedCase,
     *,
     scale: float,
     sliding_window: int | None = None,
@@ -120,6 +67,7 @@ def oracle(
     out = torch.zeros(query.shape[0], num_heads, case.dense_v[0].shape[2], dtype=torch.float64)
     qsl = case.query_start_loc.tolist()
     for s, (k, v) in enumerate(zip(case.dense_k, case.dense_v)):
+        k, v = k.double(), v.double()
         seq_len, group = k.shape[0], num_heads // k.shape[1]
         q = query[qsl[s] : qsl[s + 1]]  # [Q, H, Dk]
         keys, values = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)  # [N, H, D*]

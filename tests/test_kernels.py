@@ -61,12 +61,17 @@ def make_case(
     device: str = "cpu",
     seed: int = 0,
     extra_tokens: int = 0,
+    head_dim_v: int | None = None,
+    spare: float | None = None,
 ) -> PagedCase:
     """``specs`` holds ``(context_len, query_len)`` per sequence; blocks are assigned in shuffled order.
 
     Unused block-table entries hold an out-of-range id, which the kernels must never read.
-    ``extra_tokens`` appends padding query rows past ``query_start_loc[-1]``.
+    ``extra_tokens`` appends padding query rows past ``query_start_loc[-1]``. ``head_dim_v``: the values' head size
+    when it is not the keys' (multi-head latent attention). ``spare``: the value every cache slot that holds no token
+    is filled with (``nan`` catches a kernel that reads one; default: random values).
     """
+    head_dim_v = head_dim if head_dim_v is None else head_dim_v
     g = torch.Generator().manual_seed(seed)
     seq_lens = [c + q for c, q in specs]
     blocks_per_seq = [math.ceil(n / block_size) for n in seq_lens]
@@ -75,13 +80,16 @@ def make_case(
     max_blocks = max(blocks_per_seq) + 1
     block_tables = torch.full((len(specs), max_blocks), 10**6, dtype=torch.int32)
     key_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=g)
-    value_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=g)
+    value_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim_v, generator=g)
+    if spare is not None:
+        key_cache.fill_(spare)
+        value_cache.fill_(spare)
     dense_k, dense_v, queries = [], [], []
     for s, ((_ctx, q_len), n) in enumerate(zip(specs, seq_lens)):
         ids = [perm.pop() for _ in range(blocks_per_seq[s])]
         block_tables[s, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
         k = torch.randn(n, num_kv_heads, head_dim, generator=g)
-        v = torch.randn(n, num_kv_heads, head_dim, generator=g)
+        v = torch.randn(n, num_kv_heads, head_dim_v, generator=g)
         pos = torch.arange(n)
         blk = torch.tensor(ids)[pos // block_size]
         key_cache[blk, pos % block_size] = k
