@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.test_kernels import PagedCase
+from tests.test_kernels import PagedCase, expected_caches
 from tests.test_kernels import make_case as kernels_make_case
 
 triton_cpu = pytest.mark.skipif(
@@ -211,11 +211,7 @@ def test_reshape_and_cache_different_head_sizes() -> None:
     kv = torch.randn(5, hkv, 48, generator=g)
     key, value = kv[..., :32], kv[..., 32:]
     slots = torch.tensor([11, -1, 2, 4, 0])
-    expect_k, expect_v = key_cache.clone(), value_cache.clone()
-    for t, slot in enumerate(slots.tolist()):
-        if slot >= 0:
-            expect_k[slot // block_size, slot % block_size] = key[t]
-            expect_v[slot // block_size, slot % block_size] = value[t]
+    expect_k, expect_v = expected_caches(key_cache, value_cache, key, value, slots)
     reshape_and_cache_triton(key, value, key_cache, value_cache, slots)
     assert torch.equal(key_cache, expect_k)
     assert torch.equal(value_cache, expect_v)

@@ -147,6 +147,20 @@ TINY = [(5, 1), (0, 7), (9, 4)]  # for the Triton interpreter
 # ------------------------------------------------------------------------------------ reshape_and_cache
 
 
+def expected_caches(
+    key_cache: torch.Tensor, value_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Copies of the caches with row ``t`` of ``key`` / ``value`` written at slot ``slots[t]`` (``-1``: nowhere),
+    by plain indexing: what a cache write must leave."""
+    block_size = key_cache.shape[1]
+    expect_k, expect_v = key_cache.clone(), value_cache.clone()
+    for t, slot in enumerate(slots.tolist()):
+        if slot >= 0:
+            expect_k[slot // block_size, slot % block_size] = key[t]
+            expect_v[slot // block_size, slot % block_size] = value[t]
+    return expect_k, expect_v
+
+
 def test_reshape_and_cache_ref_matches_manual_indexing_and_skips_padding() -> None:
     g = torch.Generator().manual_seed(1)
     num_blocks, block_size, hkv, d = 5, 4, 2, 6
@@ -154,12 +168,8 @@ def test_reshape_and_cache_ref_matches_manual_indexing_and_skips_padding() -> No
     value_cache = torch.randn(num_blocks, block_size, hkv, d, generator=g)
     key, value = torch.randn(7, hkv, d, generator=g), torch.randn(7, hkv, d, generator=g)
     slots = torch.tensor([13, -1, 0, 19, 6, -1, 7])
-    expect_k, expect_v = key_cache.clone(), value_cache.clone()
+    expect_k, expect_v = expected_caches(key_cache, value_cache, key, value, slots)
     original = key_cache.clone()
-    for t, slot in enumerate(slots.tolist()):
-        if slot >= 0:
-            expect_k[slot // block_size, slot % block_size] = key[t]
-            expect_v[slot // block_size, slot % block_size] = value[t]
     reshape_and_cache_ref(key, value, key_cache, value_cache, slots)
     assert torch.equal(key_cache, expect_k)
     assert torch.equal(value_cache, expect_v)
